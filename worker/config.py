@@ -1,0 +1,115 @@
+"""Configuration, read once from the environment into a frozen dataclass and passed down."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot be used, with the variable named."""
+
+
+def _int(env: Mapping[str, str], name: str, default: int, *, lo: int, hi: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
+    if not lo <= value <= hi:
+        raise ConfigError(f"{name} must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def _str(env: Mapping[str, str], name: str) -> str | None:
+    raw = env.get(name)
+    return raw if raw else None
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything thumbq reads from the environment, with the documented defaults."""
+
+    home: Path
+    database_url: str | None = None
+    storage_url: str = ""
+    s3_endpoint_url: str | None = None
+    s3_region: str | None = None
+    cron_secret: str | None = None
+    jwt_secret: str | None = None
+    budget_ms: int = 10_000
+    buffer_ms: int = 2_000
+    batch_size: int = 500
+    concurrency: int = 2
+    max_attempts: int = 3
+    thumb_size: int = 512
+    thumb_format: str = "webp"
+    pdf_page: int = 1
+    max_pixels: int = 80_000_000
+    max_pages: int = 10_000
+    max_bytes: int = 100 * 1024 * 1024
+    render_memory_mb: int = 768
+    rate_bucket: str = "thumbnail_generation"
+    api_url: str = "http://127.0.0.1:8000"
+    schedule: str = "*/5 * * * *"
+    supabase_url: str | None = None
+    supabase_anon_key: str | None = None
+
+    @property
+    def deadline_ms(self) -> int:
+        """Milliseconds of work an invocation may do: budget minus the safety buffer."""
+        return self.budget_ms - self.buffer_ms
+
+    @property
+    def thumb_ext(self) -> str:
+        return "jpg" if self.thumb_format == "jpeg" else self.thumb_format
+
+    def with_(self, **changes: object) -> Config:
+        """A copy with some fields changed (tests, CLI flags)."""
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
+        """Read the configuration from `env` (default: the process environment)."""
+        env = os.environ if env is None else env
+        home = Path(env.get("THUMBQ_HOME") or ".thumbq").expanduser().resolve()
+        storage_url = _str(env, "THUMBQ_STORAGE_URL") or (home / "storage").as_uri()
+        budget_ms = _int(env, "THUMBQ_BUDGET_MS", 10_000, lo=1_000, hi=900_000)
+        buffer_ms = _int(env, "THUMBQ_BUFFER_MS", 2_000, lo=0, hi=600_000)
+        if buffer_ms >= budget_ms:
+            raise ConfigError("THUMBQ_BUFFER_MS must be smaller than THUMBQ_BUDGET_MS")
+        fmt = (env.get("THUMBQ_THUMB_FORMAT") or "webp").lower()
+        if fmt == "jpg":
+            fmt = "jpeg"
+        if fmt not in ("webp", "jpeg"):
+            raise ConfigError(f"THUMBQ_THUMB_FORMAT must be webp or jpeg, got {fmt!r}")
+        return cls(
+            home=home,
+            database_url=_str(env, "DATABASE_URL"),
+            storage_url=storage_url,
+            s3_endpoint_url=_str(env, "THUMBQ_S3_ENDPOINT_URL"),
+            s3_region=_str(env, "AWS_REGION") or _str(env, "AWS_DEFAULT_REGION"),
+            cron_secret=_str(env, "THUMBQ_CRON_SECRET") or _str(env, "CRON_SECRET"),
+            jwt_secret=_str(env, "THUMBQ_JWT_SECRET"),
+            budget_ms=budget_ms,
+            buffer_ms=buffer_ms,
+            batch_size=_int(env, "THUMBQ_BATCH_SIZE", 500, lo=1, hi=10_000),
+            concurrency=_int(env, "THUMBQ_CONCURRENCY", os.cpu_count() or 1, lo=1, hi=64),
+            max_attempts=_int(env, "THUMBQ_MAX_ATTEMPTS", 3, lo=1, hi=100),
+            thumb_size=_int(env, "THUMBQ_THUMB_SIZE", 512, lo=16, hi=4096),
+            thumb_format=fmt,
+            pdf_page=_int(env, "THUMBQ_PDF_PAGE", 1, lo=1, hi=100_000),
+            max_pixels=_int(env, "THUMBQ_MAX_PIXELS", 80_000_000, lo=1, hi=2_000_000_000),
+            max_pages=_int(env, "THUMBQ_MAX_PAGES", 10_000, lo=1, hi=10_000_000),
+            max_bytes=_int(env, "THUMBQ_MAX_BYTES", 100 * 1024 * 1024, lo=1, hi=2**40),
+            render_memory_mb=_int(env, "THUMBQ_RENDER_MEMORY_MB", 768, lo=64, hi=65_536),
+            rate_bucket=env.get("THUMBQ_RATE_BUCKET") or "thumbnail_generation",
+            api_url=(env.get("THUMBQ_API_URL") or "http://127.0.0.1:8000").rstrip("/"),
+            schedule=env.get("THUMBQ_SCHEDULE") or "*/5 * * * *",
+            supabase_url=_str(env, "SUPABASE_URL"),
+            supabase_anon_key=_str(env, "SUPABASE_ANON_KEY"),
+        )

@@ -1,0 +1,90 @@
+-- Every query the Python code runs, by name. worker/db.py splits this file on the
+-- "-- name: x" headers. Placeholders are psycopg's %(name)s; nothing is ever formatted in.
+
+-- name: enqueue_batch
+select job_id, source_key, source_etag, created, status
+  from thumbq.enqueue_batch(%(items)s::jsonb, %(group_id)s, %(max_attempts)s)
+
+-- name: claim
+select thumbq.claim(%(worker_id)s, %(qty)s, %(vt_seconds)s, %(bucket)s) as result
+
+-- name: complete
+select thumbq.complete(%(worker_id)s, %(results)s::jsonb) as completed
+
+-- name: fail
+select thumbq.fail(%(worker_id)s, %(msg_id)s, %(job_id)s, %(error_code)s, %(message)s,
+                   %(permanent)s) as result
+
+-- name: release
+select thumbq.release(%(worker_id)s, %(msg_ids)s::bigint[], %(bucket)s) as released
+
+-- name: reap_stale
+select thumbq.reap_stale() as reset_count
+
+-- name: progress
+select * from thumbq.progress(%(group_id)s)
+
+-- name: retry_failed
+select thumbq.retry_failed(%(group_id)s) as requeued
+
+-- name: cancel
+select thumbq.cancel(%(group_id)s) as cancelled
+
+-- name: start_run
+select thumbq.start_run(%(worker_id)s, %(budget_ms)s, %(buffer_ms)s, %(concurrency)s) as result
+
+-- name: finish_run
+select thumbq.finish_run(%(run_id)s, %(summary)s::jsonb, %(stats)s::jsonb) as result
+
+-- name: take_tokens
+select granted, taken, tokens_left, retry_after_ms
+  from thumbq.take_tokens(%(name)s, %(n)s, %(partial)s)
+
+-- name: get_job
+select * from thumbq.jobs where id = %(job_id)s
+
+-- name: queue_overview
+select * from thumbq.queue_overview
+
+-- name: recent_failures
+select * from thumbq.recent_failures
+
+-- name: recent_failures_of_group
+select id, group_id, source_key, status, error_code, last_error, attempts, max_attempts,
+       next_attempt_at, updated_at
+  from thumbq.jobs
+ where group_id = %(group_id)s and error_code is not null
+   and status in ('failed', 'unsupported', 'pending', 'processing')
+ order by updated_at desc
+ limit %(limit)s
+
+-- name: alerts
+select name, figure, threshold, detail from thumbq.alerts
+
+-- name: groups
+select group_id, total, pending, processing, completed, failed, unsupported, cancelled,
+       updated_at
+  from thumbq.groups
+ order by updated_at desc
+ limit %(limit)s
+
+-- name: recent_runs
+select id, worker_id, started_at, finished_at, claimed, processed, succeeded, failed, retried,
+       skipped, released, remaining, stopped_reason, duration_ms, budget_ms, alerts
+  from thumbq.batch_runs
+ order by started_at desc
+ limit %(limit)s
+
+-- name: runs_since
+select id, processed, succeeded, failed, remaining, stopped_reason, duration_ms
+  from thumbq.batch_runs
+ where id >= %(run_id)s and finished_at is not null
+ order by id
+
+-- name: thumbnail_keys_for
+select source_key, thumbnail_key
+  from thumbq.jobs
+ where source_key = any(%(keys)s::text[]) and status = 'completed'
+
+-- name: ping
+select 1 as ok

@@ -1,0 +1,149 @@
+"""Connections, the named queries of sql/queries.sql, and schema set-up (`thumbq db init`).
+
+Every connection works through a transaction-mode pooler (Supavisor on port 6543, pgbouncer):
+no prepared statements, no session state, no LISTEN; each call is its own transaction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+if TYPE_CHECKING:
+    from worker.config import Config
+
+Conn = psycopg.Connection[dict[str, Any]]
+
+# pg_advisory_xact_lock key for schema set-up: concurrent `db init`s wait for each other.
+_INIT_LOCK = 0x7468756D6271
+_NAME_RE = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
+
+
+def sql_dir() -> Path:
+    """The folder holding the schema files: inside the wheel, or sql/ of a source checkout."""
+    packaged = resources.files("worker").joinpath("sql")
+    if packaged.is_dir():
+        return Path(str(packaged))
+    return Path(__file__).resolve().parent.parent / "sql"
+
+
+def schema_files() -> list[Path]:
+    """The ordered, idempotent schema files (`NNN_name.sql`)."""
+    return sorted(p for p in sql_dir().glob("[0-9][0-9][0-9]_*.sql"))
+
+
+def parse_queries(text: str) -> dict[str, str]:
+    """Split a `-- name: x` annotated file into {name: sql}."""
+    parts = _NAME_RE.split(text)
+    queries: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        if name in queries:
+            raise ValueError(f"query {name!r} is defined twice")
+        queries[name] = body.strip()
+    return queries
+
+
+@cache
+def queries() -> dict[str, str]:
+    """The named queries, read once per process."""
+    return parse_queries((sql_dir() / "queries.sql").read_text(encoding="utf-8"))
+
+
+def database_url(config: Config) -> str:
+    """`DATABASE_URL`, or the embedded Postgres under `THUMBQ_HOME` (started on demand)."""
+    if config.database_url:
+        return config.database_url
+    from worker.embedded import embedded_database_url
+
+    return embedded_database_url(config.home)
+
+
+def connect(url: str, *, connect_timeout: int = 5, application_name: str = "thumbq") -> Conn:
+    """One autocommit connection without prepared statements (pooler-safe)."""
+    return psycopg.connect(
+        url,
+        autocommit=True,
+        prepare_threshold=None,
+        row_factory=dict_row,
+        connect_timeout=connect_timeout,
+        application_name=application_name,
+    )
+
+
+def run(conn: Conn, name: str, params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Run the named query and return its rows."""
+    with conn.cursor() as cur:
+        cur.execute(queries()[name], params or {})  # type: ignore[arg-type]
+        return cur.fetchall() if cur.description else []
+
+
+def one(conn: Conn, name: str, params: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+    """Run the named query and return its first row, or None."""
+    rows = run(conn, name, params)
+    return rows[0] if rows else None
+
+
+def ensure_pgmq(conn: Conn) -> str:
+    """Make pgmq available: already there, the extension where offered, else the package's SQL.
+
+    Returns how: "present", "extension" or "sql". Call inside a transaction.
+    """
+    row = conn.execute(
+        "select exists(select 1 from pg_namespace where nspname = 'pgmq') as has_schema,"
+        " exists(select 1 from pg_available_extensions where name = 'pgmq') as offered"
+    ).fetchone()
+    assert row is not None
+    if row["has_schema"]:
+        return "present"
+    if row["offered"]:
+        conn.execute("create extension if not exists pgmq")
+        return "extension"
+    # The SQL-only install cannot run twice (its types would exist): guarded by the check above.
+    from pgmq.install import get_embedded_install_sql, install_pgmq_sql
+
+    install_pgmq_sql(get_embedded_install_sql(), conn=conn)
+    return "sql"
+
+
+def init_schema(conn: Conn) -> dict[str, Any]:
+    """Install pgmq and apply every schema file not yet applied at its current checksum.
+
+    All in one transaction under an advisory lock: concurrent callers wait, and a failure
+    leaves nothing half-applied. Safe to run again and again.
+    """
+    applied: list[str] = []
+    with conn.transaction():
+        conn.execute("select pg_advisory_xact_lock(%s)", [_INIT_LOCK])
+        pgmq_how = ensure_pgmq(conn)
+        conn.execute("create schema if not exists thumbq")
+        conn.execute(
+            "create table if not exists thumbq.schema_migrations ("
+            " version text primary key, checksum text not null,"
+            " applied_at timestamptz not null default clock_timestamp())"
+        )
+        done = {
+            r["version"]: r["checksum"]
+            for r in conn.execute("select version, checksum from thumbq.schema_migrations")
+        }
+        for path in schema_files():
+            text = path.read_text(encoding="utf-8")
+            checksum = hashlib.sha256(text.encode()).hexdigest()
+            if done.get(path.stem) == checksum:
+                continue
+            conn.execute(text.encode())  # several statements: simple query protocol
+            conn.execute(
+                "insert into thumbq.schema_migrations (version, checksum) values (%s, %s)"
+                " on conflict (version) do update set checksum = excluded.checksum,"
+                " applied_at = clock_timestamp()",
+                [path.stem, checksum],
+            )
+            applied.append(path.stem)
+    return {"pgmq": pgmq_how, "applied": applied}

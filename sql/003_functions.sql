@@ -269,8 +269,9 @@ $$;
 -- Complete, fail, release --------------------------------------------------------------------
 
 -- Record finished jobs: p_results is a JSON array of {"job_id", "msg_id", "thumbnail_key",
--- "thumbnail_content_type", "width", "height", "bytes", "duration_ms"}. Only jobs still
--- leased by p_worker_id change; their messages are deleted. Returns how many completed.
+-- "thumbnail_content_type", "width", "height", "bytes", "duration_ms", "source_type"}.
+-- Only jobs still leased by p_worker_id change; their messages are deleted. Returns how many
+-- completed.
 create or replace function thumbq.complete(p_worker_id text, p_results jsonb)
 returns integer
 language plpgsql
@@ -289,6 +290,7 @@ begin
            thumbnail_content_type = r.e->>'thumbnail_content_type',
            width = (r.e->>'width')::integer, height = (r.e->>'height')::integer,
            bytes = (r.e->>'bytes')::bigint, duration_ms = (r.e->>'duration_ms')::integer,
+           content_type = coalesce(j.content_type, r.e->>'source_type'),
            completed_at = clock_timestamp(), updated_at = clock_timestamp(),
            lease_expires_at = null
       from r

@@ -13,7 +13,7 @@ select thumbq.complete(%(worker_id)s, %(results)s::jsonb) as completed
 
 -- name: fail
 select thumbq.fail(%(worker_id)s, %(msg_id)s, %(job_id)s, %(error_code)s, %(message)s,
-                   %(permanent)s) as result
+                   %(permanent)s, %(base_s)s, %(cap_s)s) as result
 
 -- name: release
 select thumbq.release(%(worker_id)s, %(msg_ids)s::bigint[], %(bucket)s) as released

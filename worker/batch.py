@@ -1,0 +1,408 @@
+"""One time-budgeted invocation: claim, render in parallel, record, release, report.
+
+The deadline is start + budget - buffer. Jobs are claimed as many as are predicted to fit; an
+item starts only if its predicted duration fits before the deadline; rendering runs in child
+processes killed at the deadline; what was claimed but not started is released at once.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from worker import db
+from worker.budget import Budget, Predictor, kind_of, size_class
+from worker.errors import RENDER_TIMEOUT, ThumbqError
+from worker.log import log_event
+from worker.queue import ClaimedJob, Queue
+from worker.retry import classify
+
+if TYPE_CHECKING:
+    from worker.config import Config
+    from worker.render.process import RenderPool
+    from worker.storage import Storage
+
+# Messages stay invisible this long past the budget: a live invocation is never double-served,
+# a killed one's messages come back soon after.
+VT_MARGIN_S = 20
+# Completions are written in small batches: fewer round trips, progress still near real time.
+FLUSH_EVERY_N = 16
+FLUSH_EVERY_S = 0.25
+# An item killed at the deadline counts as an attempt only if it had at least this share of
+# the invocation's working time; one that merely started late is released and goes first next
+# time, where it gets a whole window.
+FAIR_SHARE = 0.5
+
+
+@dataclass
+class BatchResult:
+    """The response of one invocation (DESIGN.md, "The batch")."""
+
+    run_id: int
+    processed: int
+    succeeded: int
+    failed: int
+    retried: int
+    skipped: int
+    remaining: int
+    stopped_reason: str
+    duration_ms: int
+    budget_ms: int
+    retry_after_ms: int | None
+    claimed: int = 0
+    released: int = 0
+    alerts: list[str] = field(default_factory=list)
+
+    def response(self) -> dict[str, Any]:
+        """The JSON body of the HTTP response (exactly DESIGN.md's fields)."""
+        d = asdict(self)
+        for extra in ("claimed", "released", "alerts"):
+            d.pop(extra)
+        return d
+
+
+def thumbnail_key(source_key: str, etag: str, size: int, ext: str) -> str:
+    """`thumbnails/<source key>/<etag>-<size>.<ext>`; the etag made safe for a key."""
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in etag) or "noetag"
+    return f"thumbnails/{source_key}/{safe}-{size}.{ext}"
+
+
+def new_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class _Run:
+    """The state of one invocation, shared by its worker threads under one lock."""
+
+    def __init__(
+        self,
+        config: Config,
+        queue: Queue,
+        storage: Storage,
+        pool: RenderPool,
+        budget: Budget,
+        predictor: Predictor,
+        worker_id: str,
+        max_items: int,
+    ) -> None:
+        self.config = config
+        self.queue = queue
+        self.storage = storage
+        self.pool = pool
+        self.budget = budget
+        self.predictor = predictor
+        self.worker_id = worker_id
+        self.max_items = max_items
+        self.vt_seconds = math.ceil(config.budget_ms / 1000) + VT_MARGIN_S
+        self.lock = threading.Lock()
+        self.waiting: deque[ClaimedJob] = deque()
+        self.claimed = 0
+        self.in_flight = 0
+        self.exhausted: str | None = None  # drained | rate_limited | max_items
+        self.time_stopped = False
+        self.retry_after_ms: int | None = None
+        self.counts = {"processed": 0, "succeeded": 0, "failed": 0, "retried": 0, "skipped": 0}
+        self.late: list[int] = []  # msg_ids killed at the deadline after starting late
+        self.pending_done: list[dict[str, Any]] = []
+        self.last_flush = time.monotonic()
+        self.flush_lock = threading.Lock()
+        self.errors: list[str] = []
+
+    # -- choosing work ----------------------------------------------------------------------
+
+    def _predict(self, job: ClaimedJob) -> float:
+        return self.predictor.start_ms(
+            kind_of(job.content_type, job.source_key), size_class(job.source_bytes)
+        )
+
+    def _claim_more(self) -> None:
+        """Claim about half of what is predicted to fit in the remaining time."""
+        if self.claimed >= self.max_items:
+            self.exhausted = "max_items"
+            return
+        remaining = self.budget.remaining_ms()
+        typical = self.predictor.expected_ms("pdf", 0)
+        if self.waiting:
+            typical = sum(self._predict(j) for j in self.waiting) / len(self.waiting)
+        fit = self.config.concurrency * remaining / max(typical, 1.0)
+        want = max(self.config.concurrency, math.ceil(fit / 2)) - len(self.waiting)
+        want = min(want, self.max_items - self.claimed)
+        if want <= 0:
+            return
+        claim = self.queue.claim(self.worker_id, want, self.vt_seconds)
+        self.claimed += len(claim.jobs)
+        self.waiting.extend(claim.jobs)
+        if claim.rate_limited:
+            self.exhausted = "rate_limited"
+            self.retry_after_ms = claim.retry_after_ms
+        elif len(claim.jobs) < want:
+            self.exhausted = "drained"
+        elif self.claimed >= self.max_items:
+            self.exhausted = "max_items"
+
+    def next_job(self) -> ClaimedJob | None:
+        """The next job to start, or None when this worker should stop."""
+        with self.lock:
+            while True:
+                if self.budget.expired():
+                    self.time_stopped = True
+                    return None
+                for job in self.waiting:
+                    if self.budget.fits(self._predict(job)):
+                        self.waiting.remove(job)
+                        self.in_flight += 1
+                        return job
+                if self.waiting:
+                    # Nothing claimed fits any more; later claims would not either.
+                    self.time_stopped = True
+                    return None
+                if self.exhausted:
+                    return None
+                self._claim_more()
+
+    # -- doing work -------------------------------------------------------------------------
+
+    def process(self, job: ClaimedJob) -> None:
+        started = time.monotonic()
+        kind = kind_of(job.content_type, job.source_key)
+        size_cls = size_class(job.source_bytes)
+        render_window_ms = self.budget.remaining_ms()
+        try:
+            data, info = self.storage.get(job.source_key, max_bytes=self.config.max_bytes)
+            if job.source_etag and info.etag != job.source_etag:
+                # The object changed since it was enqueued: the new version supersedes this job.
+                self.queue.enqueue(
+                    [
+                        {
+                            "source_key": job.source_key,
+                            "etag": info.etag,
+                            "content_type": job.content_type,
+                            "group_id": job.group_id,
+                            "bytes": info.size,
+                        }
+                    ]
+                )
+                self._count("skipped")
+                return
+            size_cls = size_class(info.size)
+            thumb = self.pool.render(
+                data,
+                job.content_type or info.content_type,
+                timeout_s=self.budget.remaining_ms() / 1000,
+            )
+            key = thumbnail_key(
+                job.source_key, info.etag, self.config.thumb_size, self.config.thumb_ext
+            )
+            self.storage.put(key, thumb.data, thumb.content_type)
+            ms = (time.monotonic() - started) * 1000
+            self.predictor.observe(kind, size_cls, ms)
+            self._done(
+                {
+                    "job_id": job.id,
+                    "msg_id": job.msg_id,
+                    "thumbnail_key": key,
+                    "thumbnail_content_type": thumb.content_type,
+                    "width": thumb.width,
+                    "height": thumb.height,
+                    "bytes": len(thumb.data),
+                    "duration_ms": round(ms),
+                    "source_type": thumb.source_type,
+                }
+            )
+        except Exception as exc:  # every failure is classified and recorded, none escapes
+            ms = (time.monotonic() - started) * 1000
+            self._failed(job, exc, ms, render_window_ms, kind, size_cls)
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+    def _failed(
+        self, job: ClaimedJob, exc: Exception, ms: float, window_ms: float, kind: str, size_cls: int
+    ) -> None:
+        failure = classify(exc)
+        if isinstance(exc, ThumbqError) and exc.code == RENDER_TIMEOUT:
+            self.predictor.observe(kind, size_cls, ms)
+            if window_ms < FAIR_SHARE * self.budget.work_ms:
+                with self.lock:
+                    self.late.append(job.msg_id)
+                return
+        try:
+            outcome = self.queue.fail(
+                self.worker_id, job, failure.code, failure.message, failure.permanent
+            )
+        except Exception as db_exc:
+            # The lease runs out and the message comes back: nothing is lost.
+            self.errors.append(f"could not record failure of job {job.id}: {db_exc}")
+            return
+        if not outcome.get("owned"):
+            self._count("skipped")
+        elif outcome.get("status") == "pending":
+            self._count("retried")
+        else:
+            self._count("failed")
+
+    def _count(self, name: str) -> None:
+        with self.lock:
+            self.counts[name] += 1
+            self.counts["processed"] += 1
+
+    def _done(self, result: dict[str, Any]) -> None:
+        with self.lock:
+            self.pending_done.append(result)
+            due = (
+                len(self.pending_done) >= FLUSH_EVERY_N
+                or time.monotonic() - self.last_flush >= FLUSH_EVERY_S
+            )
+        if due:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write buffered completions in one call."""
+        with self.flush_lock:
+            with self.lock:
+                batch, self.pending_done = self.pending_done, []
+                self.last_flush = time.monotonic()
+            if not batch:
+                return
+            try:
+                completed = self.queue.complete(self.worker_id, batch)
+            except Exception as exc:
+                # Thumbnails are written; their messages come back after the lease and the
+                # next run renders them again (same key, same bytes).
+                self.errors.append(f"could not record {len(batch)} completions: {exc}")
+                return
+            with self.lock:
+                self.counts["succeeded"] += completed
+                self.counts["skipped"] += len(batch) - completed
+                self.counts["processed"] += len(batch)
+
+    def worker(self) -> None:
+        while (job := self.next_job()) is not None:
+            self.process(job)
+
+
+def run_batch(
+    config: Config,
+    conn: db.Conn,
+    storage: Storage,
+    pool: RenderPool | None = None,
+    *,
+    budget_ms: int | None = None,
+    max_items: int | None = None,
+    worker_id: str | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> BatchResult:
+    """Run one invocation within `budget_ms` (default: the configured budget) and report."""
+    budget_ms = budget_ms or config.budget_ms
+    buffer_ms = min(config.buffer_ms, budget_ms // 2)
+    budget = Budget(budget_ms, buffer_ms, clock)
+    worker_id = worker_id or new_worker_id()
+    queue = Queue(conn, bucket=config.rate_bucket, max_attempts=config.max_attempts)
+
+    own_pool = pool is None
+    if pool is None:
+        from worker.render.process import RenderPool
+
+        pool = RenderPool(render_options(config), config.concurrency, config.render_memory_mb)
+    try:
+        start = db.one(
+            conn,
+            "start_run",
+            {
+                "worker_id": worker_id,
+                "budget_ms": budget_ms,
+                "buffer_ms": buffer_ms,
+                "concurrency": config.concurrency,
+            },
+        )
+        assert start is not None
+        run_id = int(start["result"]["run_id"])
+        predictor = Predictor.from_rows(start["result"]["stats"])
+        run = _Run(
+            config,
+            queue,
+            storage,
+            pool,
+            budget,
+            predictor,
+            worker_id,
+            max_items or config.batch_size,
+        )
+
+        threads = [
+            threading.Thread(target=run.worker, name=f"thumbq-worker-{i}", daemon=True)
+            for i in range(config.concurrency)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        run.flush()
+
+        unstarted = [j.msg_id for j in run.waiting] + run.late
+        released = queue.release(worker_id, unstarted) if unstarted else 0
+        reason = "time_budget" if run.time_stopped or unstarted else run.exhausted or "drained"
+        duration_ms = round(budget.elapsed_ms())
+        summary = {
+            **run.counts,
+            "claimed": run.claimed,
+            "released": released,
+            "stopped_reason": reason,
+            "duration_ms": duration_ms,
+            "retry_after_ms": run.retry_after_ms,
+        }
+        fin = db.one(
+            conn,
+            "finish_run",
+            {"run_id": run_id, "summary": _json(summary), "stats": _json(predictor.summary())},
+        )
+        assert fin is not None
+        result = BatchResult(
+            run_id=run_id,
+            processed=run.counts["processed"],
+            succeeded=run.counts["succeeded"],
+            failed=run.counts["failed"],
+            retried=run.counts["retried"],
+            skipped=run.counts["skipped"],
+            remaining=int(fin["result"]["remaining"]),
+            stopped_reason=reason,
+            duration_ms=duration_ms,
+            budget_ms=budget_ms,
+            retry_after_ms=run.retry_after_ms if reason == "rate_limited" else None,
+            claimed=run.claimed,
+            released=released,
+            alerts=list(fin["result"]["alerts"]),
+        )
+        log_event("batch_run", worker_id=worker_id, **asdict(result), errors=run.errors[:5] or None)
+        return result
+    finally:
+        if own_pool:
+            pool.close()
+
+
+def render_options(config: Config) -> Any:
+    """The renderer's options from the configuration."""
+    from worker.render import RenderOptions
+
+    return RenderOptions(
+        size=config.thumb_size,
+        format=config.thumb_format,
+        pdf_page=config.pdf_page,
+        max_pixels=config.max_pixels,
+        max_pages=config.max_pages,
+        max_bytes=config.max_bytes,
+    )
+
+
+def _json(value: Any) -> str:
+    import json
+
+    return json.dumps(value)

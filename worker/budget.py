@@ -1,0 +1,119 @@
+"""Time: the deadline of an invocation and the predicted duration of each kind of item."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# What an item costs before anything was observed (fetch + render + upload), in ms.
+PRIOR_MS = {"pdf": 400.0, "image": 300.0, "other": 50.0}
+PDF_TYPES = ("application/pdf",)
+IMAGE_EXT = (".jpg", ".jpeg", ".png", ".gif", ".webp", ".tif", ".tiff", ".bmp")
+
+
+class Budget:
+    """The deadline of one invocation: start + budget - buffer, on a monotonic clock."""
+
+    def __init__(
+        self, budget_ms: int, buffer_ms: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.clock = clock
+        self.started = clock()
+        self.budget_ms = budget_ms
+        self.work_ms = budget_ms - buffer_ms
+        self.deadline = self.started + self.work_ms / 1000
+
+    def elapsed_ms(self) -> float:
+        return (self.clock() - self.started) * 1000
+
+    def remaining_ms(self) -> float:
+        return max(0.0, (self.deadline - self.clock()) * 1000)
+
+    def expired(self) -> bool:
+        return self.clock() >= self.deadline
+
+    def fits(self, predicted_ms: float) -> bool:
+        """Whether an item predicted to take `predicted_ms` can finish before the deadline."""
+        return predicted_ms <= self.remaining_ms()
+
+
+def kind_of(content_type: str | None, key: str) -> str:
+    """The kind of a file for prediction, from its declared type or its name."""
+    ct = (content_type or "").lower()
+    low = key.lower()
+    if ct in PDF_TYPES or low.endswith(".pdf"):
+        return "pdf"
+    if ct.startswith("image/") or low.endswith(IMAGE_EXT):
+        return "image"
+    return "other"
+
+
+def size_class(size: int | None) -> int:
+    """Sizes in powers of two (0 when unknown): 1 MiB and 1.5 MiB share a class."""
+    if not size or size <= 0:
+        return 0
+    return int(math.log2(size))
+
+
+@dataclass
+class _Stat:
+    mean_ms: float
+    max_ms: float
+    samples: int
+
+
+@dataclass
+class Predictor:
+    """Predicts an item's duration from what earlier runs (render_stats) and this run saw."""
+
+    known: dict[tuple[str, int], _Stat] = field(default_factory=dict)
+    seen: dict[tuple[str, int], list[float]] = field(default_factory=dict)
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[Mapping[str, Any]]) -> Predictor:
+        known = {
+            (str(r["kind"]), int(r["size_class"])): _Stat(
+                float(r["ewma_ms"]), float(r["max_ms"]), int(r["samples"])
+            )
+            for r in rows
+        }
+        return cls(known=known)
+
+    def expected_ms(self, kind: str, size_cls: int) -> float:
+        """The typical duration: this run's own mean where it has one, else history, else a
+        neighbouring size class scaled by size, else the prior."""
+        own = self.seen.get((kind, size_cls))
+        if own:
+            return sum(own) / len(own)
+        stat = self.known.get((kind, size_cls))
+        if stat:
+            return stat.mean_ms
+        near = [(abs(c - size_cls), c, s) for (k, c), s in self.known.items() if k == kind]
+        if near and size_cls:
+            _, c, s = min(near)
+            # Work grows with bytes, but less than linearly (decoding at reduced scale).
+            return s.mean_ms * 1.5 ** (size_cls - c) if size_cls > c else s.mean_ms
+        return PRIOR_MS.get(kind, PRIOR_MS["other"])
+
+    def start_ms(self, kind: str, size_cls: int) -> float:
+        """A cautious estimate used to decide whether an item may start at all."""
+        return self.expected_ms(kind, size_cls) * 1.25 + 20
+
+    def observe(self, kind: str, size_cls: int, ms: float) -> None:
+        self.seen.setdefault((kind, size_cls), []).append(ms)
+
+    def summary(self) -> list[dict[str, Any]]:
+        """This run's observations, to merge into render_stats."""
+        return [
+            {
+                "kind": k,
+                "size_class": c,
+                "samples": len(v),
+                "mean_ms": sum(v) / len(v),
+                "max_ms": max(v),
+            }
+            for (k, c), v in sorted(self.seen.items())
+        ]

@@ -1,0 +1,326 @@
+"""The `thumbq` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+from worker import db
+from worker.config import Config, ConfigError
+from worker.queue import Queue
+
+Handler = Callable[[Config, argparse.Namespace], int]
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, default=str))
+
+
+def _connect(config: Config) -> db.Conn:
+    """Connect, creating the schema first if this database has none yet."""
+    conn = db.connect(db.database_url(config))
+    row = conn.execute("select to_regclass('thumbq.jobs') is not null as ready").fetchone()
+    if not (row and row["ready"]):
+        result = db.init_schema(conn)
+        print(f"thumbq: schema created ({', '.join(result['applied'])})", file=sys.stderr)
+    return conn
+
+
+def _storage(config: Config) -> Any:
+    from worker.storage import open_storage
+
+    return open_storage(config)
+
+
+def _queue(config: Config, conn: db.Conn) -> Queue:
+    return Queue(conn, bucket=config.rate_bucket, max_attempts=config.max_attempts)
+
+
+# -- commands ---------------------------------------------------------------------------------
+
+
+def cmd_db_init(config: Config, args: argparse.Namespace) -> int:
+    with db.connect(db.database_url(config)) as conn:
+        _print_json(db.init_schema(conn))
+    return 0
+
+
+def cmd_run_batch(config: Config, args: argparse.Namespace) -> int:
+    from worker.batch import run_batch
+
+    with _connect(config) as conn:
+        result = run_batch(
+            config, conn, _storage(config), budget_ms=args.budget_ms, max_items=args.max_items
+        )
+    _print_json(result.response())
+    return 0
+
+
+def cmd_enqueue(config: Config, args: argparse.Namespace) -> int:
+    from worker.service import enqueue
+
+    items = [{"source_key": k} | ({"etag": args.etag} if args.etag else {}) for k in args.keys]
+    with _connect(config) as conn:
+        result = enqueue(conn, _storage(config), config, items, args.group)
+    _print_json({"group_id": args.group, **result})
+    return 0
+
+
+def cmd_backfill(config: Config, args: argparse.Namespace) -> int:
+    from worker.service import backfill
+
+    with _connect(config) as conn:
+        _print_json(backfill(conn, _storage(config), config, args.prefix, args.group))
+    return 0
+
+
+def cmd_status(config: Config, args: argparse.Namespace) -> int:
+    with _connect(config) as conn:
+        if args.group:
+            progress = _queue(config, conn).progress(args.group)
+            if progress is None:
+                print(f"thumbq: no group {args.group!r}", file=sys.stderr)
+                return 1
+            _print_json(progress)
+        else:
+            _print_table(
+                db.run(conn, "groups", {"limit": 50}),
+                [
+                    "group_id",
+                    "total",
+                    "pending",
+                    "processing",
+                    "completed",
+                    "failed",
+                    "unsupported",
+                    "cancelled",
+                    "updated_at",
+                ],
+            )
+    return 0
+
+
+def cmd_queues(config: Config, args: argparse.Namespace) -> int:
+    with _connect(config) as conn:
+        _print_json(_queue(config, conn).overview())
+    return 0
+
+
+def cmd_retry_failed(config: Config, args: argparse.Namespace) -> int:
+    with _connect(config) as conn:
+        _print_json({"requeued": _queue(config, conn).retry_failed(args.group)})
+    return 0
+
+
+def cmd_cancel(config: Config, args: argparse.Namespace) -> int:
+    with _connect(config) as conn:
+        _print_json({"cancelled": _queue(config, conn).cancel(args.group)})
+    return 0
+
+
+def cmd_cleanup_stale(config: Config, args: argparse.Namespace) -> int:
+    with _connect(config) as conn:
+        _print_json({"reset_count": _queue(config, conn).reap_stale()})
+    return 0
+
+
+def cmd_demo(config: Config, args: argparse.Namespace) -> int:
+    from worker.batch import render_options, run_batch
+    from worker.render.process import RenderPool
+    from worker.samples import demo_files
+    from worker.service import enqueue
+
+    out = sys.stdout
+    storage = _storage(config)
+    group = f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
+    where = "DATABASE_URL" if config.database_url else f"embedded Postgres under {config.home}"
+    print(f"thumbq demo: database: {where}", file=out)
+    conn = _connect(config)
+    files = demo_files()
+    prefix = f"samples/{group}/"
+    for name, (data, content_type) in files.items():
+        storage.put(prefix + name, data, content_type)
+    print(
+        f"thumbq demo: {len(files)} sample files written to {storage.url}/{prefix} "
+        "(two are broken on purpose)",
+        file=out,
+    )
+    enqueue(conn, storage, config, [{"source_key": prefix + n} for n in files], group)
+
+    runs: list[dict[str, Any]] = []
+    stop = threading.Event()
+    watcher = threading.Thread(
+        target=_watch_progress, args=(config, group, stop, sys.stderr), daemon=True
+    )
+    watcher.start()
+    try:
+        with RenderPool(
+            render_options(config), config.concurrency, config.render_memory_mb
+        ) as pool:
+            for _ in range(args.max_runs):
+                result = run_batch(config, conn, storage, pool)
+                runs.append(result.response())
+                progress = _queue(config, conn).progress(group) or {}
+                if progress.get("pending", 0) + progress.get("processing", 0) == 0:
+                    break
+                if result.stopped_reason == "rate_limited" and result.retry_after_ms:
+                    time.sleep(result.retry_after_ms / 1000)
+                elif result.stopped_reason == "drained":
+                    # Only retries waiting out their backoff are left.
+                    time.sleep(1)
+    finally:
+        stop.set()
+        watcher.join()
+
+    progress = _queue(config, conn).progress(group) or {}
+    print(file=out)
+    print(f"Group {group}: {progress.get('progress_percentage')}% done", file=out)
+    _print_table(
+        [
+            {"status": s, "jobs": progress.get(s, 0)}
+            for s in ("completed", "failed", "unsupported", "cancelled", "pending", "processing")
+        ],
+        ["status", "jobs"],
+        out,
+    )
+    print(file=out)
+    jobs = conn.execute(
+        "select source_key, status, error_code, thumbnail_key, width, height, duration_ms"
+        " from thumbq.jobs where group_id = %s order by source_key",
+        [group],
+    ).fetchall()
+    _print_table(
+        [{**j, "source_key": j["source_key"].removeprefix(prefix)} for j in jobs],
+        ["source_key", "status", "error_code", "width", "height", "duration_ms"],
+        out,
+    )
+    print(file=out)
+    _print_table(
+        runs,
+        [
+            "run_id",
+            "processed",
+            "succeeded",
+            "failed",
+            "retried",
+            "remaining",
+            "stopped_reason",
+            "duration_ms",
+        ],
+        out,
+    )
+    print(file=out)
+    print(f"Thumbnails: {storage.url}/thumbnails/{prefix}", file=out)
+    conn.close()
+    return 0
+
+
+def _watch_progress(config: Config, group: str, stop: threading.Event, stream: TextIO) -> None:
+    """Draw the group's progress bar until `stop`, from its own connection."""
+    tty = stream.isatty()
+    last = None
+    with db.connect(db.database_url(config)) as conn:
+        q = _queue(config, conn)
+        while True:
+            p = q.progress(group)
+            if p:
+                line = _bar(p)
+                if tty:
+                    print("\r" + line, end="", file=stream, flush=True)
+                elif line != last:
+                    print(line, file=stream, flush=True)
+                last = line
+            if stop.wait(0.2):
+                break
+    if tty:
+        print(file=stream)
+
+
+def _bar(p: dict[str, Any], width: int = 30) -> str:
+    pct = float(p["progress_percentage"] or 0)
+    filled = round(width * pct / 100)
+    done = p["total"] - p["pending"] - p["processing"]
+    eta = p.get("estimated_time_remaining_seconds")
+    return (
+        f"[{'#' * filled}{'.' * (width - filled)}] {pct:5.1f}%  {done}/{p['total']}"
+        f"  ok {p['completed']}  failed {p['failed']}  unsupported {p['unsupported']}"
+        + (f"  eta {eta}s" if eta else "")
+    )
+
+
+def _print_table(
+    rows: Sequence[dict[str, Any]], columns: list[str], stream: TextIO | None = None
+) -> None:
+    stream = stream or sys.stdout
+    cells = [[("" if r.get(c) is None else str(r.get(c))) for c in columns] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)), file=stream)
+    print("  ".join("-" * w for w in widths), file=stream)
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)), file=stream)
+
+
+# -- parser -----------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="thumbq", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def add(name: str, func: Handler, help_: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help_, description=help_)
+        sp.set_defaults(func=func)
+        return sp
+
+    dbp = sub.add_parser("db", help="schema management")
+    dbsub = dbp.add_subparsers(dest="db_command", required=True)
+    init = dbsub.add_parser("init", help="install pgmq and the thumbq schema (safe to re-run)")
+    init.set_defaults(func=cmd_db_init)
+
+    sp = add("run-batch", cmd_run_batch, "run one time-budgeted batch and print its summary")
+    sp.add_argument("--budget-ms", type=int, default=None)
+    sp.add_argument("--max-items", type=int, default=None)
+
+    sp = add("enqueue", cmd_enqueue, "enqueue storage keys for thumbnails")
+    sp.add_argument("keys", nargs="+")
+    sp.add_argument("--group", default="default")
+    sp.add_argument("--etag", default=None, help="the etag of the version (default: ask storage)")
+
+    sp = add("backfill", cmd_backfill, "enqueue every file under a prefix lacking a thumbnail")
+    sp.add_argument("--prefix", default="")
+    sp.add_argument("--group", default="backfill")
+
+    sp = add("status", cmd_status, "groups and their progress")
+    sp.add_argument("--group", default=None)
+
+    add("queues", cmd_queues, "queue depth, in flight, DLQ, jobs by status, bucket, alerts")
+
+    sp = add("retry-failed", cmd_retry_failed, "queue a group's failed jobs again")
+    sp.add_argument("group")
+    sp = add("cancel", cmd_cancel, "cancel a group's pending and processing jobs")
+    sp.add_argument("group")
+    add("cleanup-stale", cmd_cleanup_stale, "reset processing jobs whose lease expired")
+
+    sp = add("demo", cmd_demo, "make sample files, enqueue them, drain with a progress bar")
+    sp.add_argument("--max-runs", type=int, default=20)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `thumbq` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        config = Config.from_env()
+    except ConfigError as exc:
+        print(f"thumbq: {exc}", file=sys.stderr)
+        return 2
+    return int(args.func(config, args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""Engine operations shared by the CLI and the HTTP API: enqueue with etags, backfill."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from worker.batch import thumbnail_key
+from worker.errors import validate_key
+from worker.queue import Queue
+from worker.storage import NotFound
+
+if TYPE_CHECKING:
+    from worker import db
+    from worker.config import Config
+    from worker.storage import Storage
+
+THUMBNAIL_PREFIX = "thumbnails/"
+ENQUEUE_CHUNK = 1000
+
+
+def enqueue(
+    conn: db.Conn,
+    storage: Storage,
+    config: Config,
+    items: Sequence[Mapping[str, Any]],
+    group_id: str = "default",
+) -> dict[str, Any]:
+    """Enqueue items, asking storage for the etag (and size) of those given without one.
+
+    An object that does not exist is still enqueued (with an empty etag): its job ends
+    `cancelled` with `source_missing`, so the caller sees it in the group rather than nowhere.
+    """
+    for item in items:
+        validate_key(str(item.get("source_key", "")))
+    todo = [dict(i) for i in items]
+    missing = [i for i in todo if not i.get("etag")]
+    if missing:
+
+        def head(item: dict[str, Any]) -> None:
+            try:
+                info = storage.head(item["source_key"])
+            except NotFound:
+                item["etag"] = ""
+                return
+            item["etag"] = info.etag
+            item.setdefault("bytes", info.size)
+            if not item.get("content_type"):
+                item["content_type"] = info.content_type
+
+        with ThreadPoolExecutor(max_workers=min(8, len(missing))) as ex:
+            list(ex.map(head, missing))
+    queue = Queue(conn, bucket=config.rate_bucket, max_attempts=config.max_attempts)
+    rows: list[dict[str, Any]] = []
+    for i in range(0, len(todo), ENQUEUE_CHUNK):
+        rows.extend(queue.enqueue(todo[i : i + ENQUEUE_CHUNK], group_id))
+    created = sum(1 for r in rows if r["created"])
+    return {
+        "enqueued": created,
+        "existing": len(rows) - created,
+        "jobs": [
+            {
+                "job_id": r["job_id"],
+                "source_key": r["source_key"],
+                "created": r["created"],
+                "status": r["status"],
+            }
+            for r in rows
+        ],
+    }
+
+
+def backfill(
+    conn: db.Conn, storage: Storage, config: Config, prefix: str, group_id: str = "default"
+) -> dict[str, Any]:
+    """Enqueue every object under `prefix` that has no thumbnail yet (retroactive generation).
+
+    Storage is listed once for the sources and once for their thumbnails; objects whose
+    thumbnail for the current etag exists are left alone.
+    """
+    if prefix:
+        validate_key(prefix.rstrip("/") or "x")
+    sources = [o for o in storage.list(prefix) if not o.key.startswith(THUMBNAIL_PREFIX)]
+    have = {o.key for o in storage.list(THUMBNAIL_PREFIX + prefix)}
+    lacking = [
+        o
+        for o in sources
+        if thumbnail_key(o.key, o.etag, config.thumb_size, config.thumb_ext) not in have
+    ]
+    items = [
+        {"source_key": o.key, "etag": o.etag, "bytes": o.size, "content_type": o.content_type}
+        for o in lacking
+    ]
+    result = (
+        enqueue(conn, storage, config, items, group_id)
+        if items
+        else {"enqueued": 0, "existing": 0, "jobs": []}
+    )
+    return {
+        "listed": len(sources),
+        "have_thumbnail": len(sources) - len(lacking),
+        "enqueued": result["enqueued"],
+        "existing": result["existing"],
+        "group_id": group_id,
+    }

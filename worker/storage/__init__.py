@@ -73,7 +73,5 @@ def open_storage(config: Config) -> Storage:
     if url.startswith("s3://"):
         from worker.storage.s3 import S3Storage
 
-        return S3Storage.from_url(
-            url, endpoint_url=config.s3_endpoint_url, region=config.s3_region
-        )
+        return S3Storage.from_url(url, endpoint_url=config.s3_endpoint_url, region=config.s3_region)
     raise ValueError(f"THUMBQ_STORAGE_URL must start with file:// or s3://, got {url!r}")

@@ -50,9 +50,6 @@ create table if not exists thumbq.jobs (
 );
 
 create index if not exists jobs_group_status_idx on thumbq.jobs (group_id, status);
-create index if not exists jobs_msg_id_idx on thumbq.jobs (msg_id);
-create index if not exists jobs_active_source_idx on thumbq.jobs (source_key)
-  where status in ('pending', 'processing');
 create index if not exists jobs_lease_idx on thumbq.jobs (lease_expires_at)
   where status = 'processing';
 create index if not exists jobs_delayed_idx on thumbq.jobs (next_attempt_at)

@@ -11,10 +11,12 @@ begin
 end
 $$;
 
+-- plpgsql rather than sql: its plan is cached per session instead of made on every call.
 create or replace function thumbq.apply_group_deltas(p_deltas thumbq.group_delta[])
 returns void
-language sql
+language plpgsql
 as $$
+begin
   insert into thumbq.groups as g
     (group_id, total, pending, processing, completed, failed, unsupported, cancelled,
      version, updated_at, last_done_at, wave_started_at)
@@ -55,40 +57,53 @@ as $$
     wave_done_base = case
       when g.wave_started_at is null and excluded.wave_started_at is not null
         then g.completed + g.failed + g.unsupported + g.cancelled
-      else g.wave_done_base end
+      else g.wave_done_base end;
+end
 $$;
 
 create or replace function thumbq.jobs_after_insert() returns trigger
 language plpgsql as $$
+declare
+  v_deltas thumbq.group_delta[];
 begin
-  perform thumbq.apply_group_deltas(
-    (select array_agg(row(n.group_id, n.status, 1)::thumbq.group_delta) from new_rows n));
+  select array_agg(row(n.group_id, n.status, 1)::thumbq.group_delta) into v_deltas
+    from new_rows n;
+  if v_deltas is not null then
+    perform thumbq.apply_group_deltas(v_deltas);
+  end if;
   return null;
 end
 $$;
 
 create or replace function thumbq.jobs_after_update() returns trigger
 language plpgsql as $$
+declare
+  v_deltas thumbq.group_delta[];
 begin
-  perform thumbq.apply_group_deltas((
-    select array_agg(x.delta) from (
-      select row(o.group_id, o.status, -1)::thumbq.group_delta as delta
-        from old_rows o join new_rows n on n.id = o.id
-       where o.status is distinct from n.status or o.group_id is distinct from n.group_id
-      union all
-      select row(n.group_id, n.status, 1)::thumbq.group_delta
-        from old_rows o join new_rows n on n.id = o.id
-       where o.status is distinct from n.status or o.group_id is distinct from n.group_id
-    ) x));
+  select array_agg(v.delta) into v_deltas
+    from old_rows o
+    join new_rows n on n.id = o.id
+   cross join lateral (values (row(o.group_id, o.status, -1)::thumbq.group_delta),
+                              (row(n.group_id, n.status, 1)::thumbq.group_delta)) v(delta)
+   where o.status is distinct from n.status or o.group_id is distinct from n.group_id;
+  -- Most updates that change no status (dlq_msg_id, an UPDATE matching nothing) stop here.
+  if v_deltas is not null then
+    perform thumbq.apply_group_deltas(v_deltas);
+  end if;
   return null;
 end
 $$;
 
 create or replace function thumbq.jobs_after_delete() returns trigger
 language plpgsql as $$
+declare
+  v_deltas thumbq.group_delta[];
 begin
-  perform thumbq.apply_group_deltas(
-    (select array_agg(row(o.group_id, o.status, -1)::thumbq.group_delta) from old_rows o));
+  select array_agg(row(o.group_id, o.status, -1)::thumbq.group_delta) into v_deltas
+    from old_rows o;
+  if v_deltas is not null then
+    perform thumbq.apply_group_deltas(v_deltas);
+  end if;
   return null;
 end
 $$;

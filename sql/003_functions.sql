@@ -194,6 +194,7 @@ declare
   v_job_ids bigint[];
   v_jobs jsonb;
   v_claimed integer;
+  v_claimed_msgs bigint[];
   v_done bigint[];
   r record;
 begin
@@ -214,7 +215,10 @@ begin
     into v_msg_ids, v_job_ids
     from pgmq.read('thumbq_jobs', p_vt_seconds, v_allowed) m;
 
-  -- Lost leases used up every attempt: dead-letter instead of trying again.
+  -- Lost leases used up every attempt: dead-letter instead of trying again. Checked first
+  -- with a read, so that the common case runs no extra UPDATE (and no trigger).
+  if exists (select 1 from thumbq.jobs j join unnest(v_job_ids) as m(job_id) on j.id = m.job_id
+              where j.attempts >= j.max_attempts and j.status in ('pending', 'processing')) then
   for r in
     update thumbq.jobs j
        set status = 'failed', error_code = coalesce(j.error_code, 'lease_expired'),
@@ -233,6 +237,7 @@ begin
              'attempts', r.attempts)))
      where id = r.id;
   end loop;
+  end if;
 
   with c as (
     update thumbq.jobs j
@@ -246,16 +251,21 @@ begin
     returning j.id, j.msg_id, j.group_id, j.source_key, j.source_etag, j.source_bytes,
               j.content_type, j.attempts, j.max_attempts
   )
-  select coalesce(jsonb_agg(to_jsonb(c) order by c.msg_id), '[]'::jsonb), count(*)
-    into v_jobs, v_claimed
+  select coalesce(jsonb_agg(jsonb_build_object(
+           'id', c.id, 'msg_id', c.msg_id, 'group_id', c.group_id,
+           'source_key', c.source_key, 'source_etag', c.source_etag,
+           'source_bytes', c.source_bytes, 'content_type', c.content_type,
+           'attempts', c.attempts, 'max_attempts', c.max_attempts) order by c.msg_id),
+           '[]'::jsonb),
+         coalesce(array_agg(c.msg_id), '{}'), count(*)
+    into v_jobs, v_claimed_msgs, v_claimed
     from c;
 
   -- Everything read but not claimed is stale (job finished, cancelled, dead-lettered, gone).
-  select array_agg(m.msg_id) into v_done
-    from unnest(v_msg_ids) as m(msg_id)
-   where not exists (select 1 from jsonb_array_elements(v_jobs) e
-                      where (e->>'msg_id')::bigint = m.msg_id);
-  if v_done is not null then
+  if v_claimed < cardinality(v_msg_ids) then
+    select array_agg(m.msg_id) into v_done
+      from unnest(v_msg_ids) as m(msg_id)
+     where m.msg_id <> all(v_claimed_msgs);
     perform pgmq.delete('thumbq_jobs', v_done);
   end if;
 
@@ -367,7 +377,7 @@ $$;
 
 -- Hand claimed but unstarted messages back at once, without counting an attempt, and give
 -- their tokens back. Returns how many were released.
-create or replace function thumbq.release(p_worker_id text, p_msg_ids bigint[],
+create or replace function thumbq.release(p_worker_id text, p_job_ids bigint[],
                                           p_bucket text default 'thumbnail_generation')
 returns integer
 language plpgsql
@@ -380,7 +390,7 @@ begin
     update thumbq.jobs j
        set status = 'pending', attempts = greatest(j.attempts - 1, 0), worker_id = null,
            lease_expires_at = null, started_at = null, updated_at = clock_timestamp()
-     where j.msg_id = any(p_msg_ids) and j.status = 'processing'
+     where j.id = any(p_job_ids) and j.status = 'processing'
        and j.worker_id = p_worker_id
     returning j.msg_id
   loop

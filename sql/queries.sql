@@ -16,7 +16,7 @@ select thumbq.fail(%(worker_id)s, %(msg_id)s, %(job_id)s, %(error_code)s, %(mess
                    %(permanent)s, %(base_s)s, %(cap_s)s) as result
 
 -- name: release
-select thumbq.release(%(worker_id)s, %(msg_ids)s::bigint[], %(bucket)s) as released
+select thumbq.release(%(worker_id)s, %(job_ids)s::bigint[], %(bucket)s) as released
 
 -- name: reap_stale
 select thumbq.reap_stale() as reset_count

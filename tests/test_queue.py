@@ -140,7 +140,7 @@ def test_unstarted_messages_are_released_at_once_without_an_attempt(conn: db.Con
     q = Queue(conn)
     q.enqueue(items(5), "g")
     claimed = q.claim("w1", 5, 300).jobs
-    assert q.release("w1", [j.msg_id for j in claimed[2:]]) == 3
+    assert q.release("w1", [j.id for j in claimed[2:]]) == 3
     again = q.claim("w2", 5, 300).jobs
     assert sorted(j.id for j in again) == sorted(j.id for j in claimed[2:])
     assert all(j.attempts == 1 for j in again)
@@ -296,7 +296,7 @@ def test_group_counts_equal_a_recount_after_a_random_mix_of_transitions(conn: db
                         permanent=rnd.random() < 0.5,
                     )
             else:
-                q.release("w", [j.msg_id for j in jobs])
+                q.release("w", [j.id for j in jobs])
         elif op == "enqueue":
             g = rnd.choice("abc")
             q.enqueue(items(rnd.randint(1, 5), prefix=f"{g}{step}"), g)

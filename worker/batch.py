@@ -110,7 +110,7 @@ class _Run:
         self.time_stopped = False
         self.retry_after_ms: int | None = None
         self.counts = {"processed": 0, "succeeded": 0, "failed": 0, "retried": 0, "skipped": 0}
-        self.late: list[int] = []  # msg_ids killed at the deadline after starting late
+        self.late: list[int] = []  # job ids killed at the deadline after starting late
         self.pending_done: list[dict[str, Any]] = []
         self.last_flush = time.monotonic()
         self.flush_lock = threading.Lock()
@@ -232,7 +232,7 @@ class _Run:
             self.predictor.observe(kind, size_cls, ms)
             if window_ms < FAIR_SHARE * self.budget.work_ms:
                 with self.lock:
-                    self.late.append(job.msg_id)
+                    self.late.append(job.id)
                 return
         try:
             outcome = self.queue.fail(
@@ -347,7 +347,7 @@ def run_batch(
             t.join()
         run.flush()
 
-        unstarted = [j.msg_id for j in run.waiting] + run.late
+        unstarted = [j.id for j in run.waiting] + run.late
         released = queue.release(worker_id, unstarted) if unstarted else 0
         reason = "time_budget" if run.time_stopped or unstarted else run.exhausted or "drained"
         duration_ms = round(budget.elapsed_ms())

@@ -120,14 +120,14 @@ class Queue:
         assert row is not None
         return dict(row["result"])
 
-    def release(self, worker_id: str, msg_ids: Sequence[int]) -> int:
-        """Hand unstarted messages back at once, without counting an attempt."""
-        if not msg_ids:
+    def release(self, worker_id: str, job_ids: Sequence[int]) -> int:
+        """Hand unstarted jobs' messages back at once, without counting an attempt."""
+        if not job_ids:
             return 0
         row = db.one(
             self.conn,
             "release",
-            {"worker_id": worker_id, "msg_ids": list(msg_ids), "bucket": self.bucket},
+            {"worker_id": worker_id, "job_ids": list(job_ids), "bucket": self.bucket},
         )
         return int(row["released"]) if row else 0
 

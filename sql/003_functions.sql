@@ -196,6 +196,7 @@ declare
   v_claimed integer;
   v_claimed_msgs bigint[];
   v_done bigint[];
+  v_limited boolean;
   r record;
 begin
   if p_bucket is not null and v_allowed > 0 then
@@ -272,7 +273,11 @@ begin
   if p_bucket is not null then
     perform thumbq.refund_tokens(p_bucket, v_allowed - v_claimed);
   end if;
-  return jsonb_build_object('jobs', v_jobs, 'rate_limited', false, 'retry_after_ms', null);
+  -- The bucket, not the queue, cut this claim short when it granted fewer tokens than asked
+  -- and the queue had a message for every one: say so, or the caller takes it for drained.
+  v_limited := v_allowed < p_qty and cardinality(v_msg_ids) >= v_allowed;
+  return jsonb_build_object('jobs', v_jobs, 'rate_limited', v_limited,
+                            'retry_after_ms', case when v_limited then v_retry end);
 end
 $$;
 

@@ -1,0 +1,59 @@
+"""A WSGI app served by waitress on a background thread, started and stopped on demand.
+
+Used by `thumbq serve` and `thumbq up` (which run the scheduler next to it) and by tests that
+need a real server on a loopback port.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+DEFAULT_THREADS = 8
+
+
+class ServerThread:
+    """waitress listening on `host:port` (port 0: a free one), run on a daemon thread."""
+
+    def __init__(
+        self, app: Any, host: str = "127.0.0.1", port: int = 0, *, threads: int = DEFAULT_THREADS
+    ) -> None:
+        from waitress.server import create_server
+
+        # Binds and listens here, so the port is known (and taken) before start().
+        self.server: Any = create_server(
+            app,
+            host=host,
+            port=port,
+            threads=threads,
+            ident="thumbq",
+            clear_untrusted_proxy_headers=True,
+        )
+        self.host = str(self.server.effective_host)
+        self.port = int(self.server.effective_port)
+        self._thread = threading.Thread(target=self.server.run, name="thumbq-http", daemon=True)
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def start(self) -> ServerThread:
+        self._thread.start()
+        return self
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop accepting, let running requests finish (up to `timeout_s`), close the rest."""
+        from waitress import wasyncore
+
+        self.server.close()  # the listening socket: no new connections
+        self.server.task_dispatcher.shutdown(cancel_pending=True, timeout=timeout_s)
+        # Open keep-alive connections keep waitress's loop alive; closing them ends it.
+        wasyncore.close_all(self.server._map)
+        self._thread.join(timeout_s)
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

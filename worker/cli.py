@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, TextIO
 
 from worker import db
@@ -265,6 +266,148 @@ def _print_table(
         print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)), file=stream)
 
 
+# -- serving: serve, scheduler, up --------------------------------------------------------------
+
+SECRET_FILE = "cron_secret"  # noqa: S105 (a file name)
+
+
+def _wait_for_signal() -> str:
+    """Block until SIGINT or SIGTERM; return the signal's name."""
+    import signal
+
+    got: list[str] = []
+    done = threading.Event()
+
+    def handler(signum: int, frame: object) -> None:
+        got.append(signal.Signals(signum).name)
+        done.set()
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        # A timed wait, so that the handler gets to run promptly on every platform.
+        while not done.wait(0.5):
+            pass
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    return got[0]
+
+
+def _default_port() -> int:
+    # $PORT is the platform's convention (Heroku, Render, Cloud Run), read only here.
+    import os
+
+    raw = os.environ.get("PORT", "")
+    return int(raw) if raw.isdigit() else 8000
+
+
+def ensure_cron_secret(config: Config) -> tuple[str, Path | None]:
+    """The admin secret and the file that keeps it (None: it came from THUMBQ_CRON_SECRET).
+
+    Without THUMBQ_CRON_SECRET, a random secret is made once and kept in THUMBQ_HOME (mode 0600)
+    so that the scheduler, bookmarks and scripts keep working across restarts.
+    """
+    import os
+    import secrets
+
+    if config.cron_secret:
+        return config.cron_secret, None
+    path = config.home / SECRET_FILE
+    config.home.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        if path.stat().st_mode & 0o077:
+            path.chmod(0o600)
+        secret = path.read_text(encoding="utf-8").strip()
+        if len(secret) >= 16:
+            return secret, path
+        # An empty or truncated file (a crash while writing) is replaced, not trusted.
+        path.unlink()
+        return ensure_cron_secret(config)
+    secret = secrets.token_urlsafe(32)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(secret + "\n")
+    return secret, path
+
+
+def cmd_serve(config: Config, args: argparse.Namespace) -> int:
+    from api import create_app
+    from worker.serving import ServerThread
+
+    port = args.port if args.port is not None else _default_port()
+    server = ServerThread(create_app(config), args.host, port, threads=args.threads).start()
+    print(f"thumbq: serving on {server.url} (Ctrl-C to stop)", file=sys.stderr, flush=True)
+    sig = _wait_for_signal()
+    print(f"thumbq: {sig}, stopping", file=sys.stderr, flush=True)
+    server.close()
+    return 0
+
+
+def cmd_scheduler(config: Config, args: argparse.Namespace) -> int:
+    from worker.scheduler import Scheduler
+
+    if not config.cron_secret:
+        print(
+            "thumbq: THUMBQ_CRON_SECRET is not set; the API will refuse the scheduler's calls",
+            file=sys.stderr,
+        )
+    sched = Scheduler(config)
+    sched.start(run_now=args.now)
+    sig = _wait_for_signal()
+    print(f"thumbq: {sig}, stopping after the current call", file=sys.stderr, flush=True)
+    sched.shutdown()
+    return 0
+
+
+def cmd_up(config: Config, args: argparse.Namespace) -> int:
+    from api import create_app
+    from worker.scheduler import Scheduler
+    from worker.serving import ServerThread
+
+    out = sys.stdout
+    if config.database_url:
+        from psycopg.conninfo import conninfo_to_dict
+
+        info = conninfo_to_dict(config.database_url)
+        where = f"DATABASE_URL ({info.get('host') or 'local socket'}/{info.get('dbname', '')})"
+    else:
+        where = f"embedded Postgres under {config.home}"
+    url = db.database_url(config)  # starts the embedded server once, here
+    with db.connect(url) as conn:
+        schema = db.init_schema(conn)
+        latest = db.run(conn, "groups", {"limit": 1})
+    secret, secret_from = ensure_cron_secret(config)
+    config = config.with_(database_url=url, cron_secret=secret)
+
+    port = args.port if args.port is not None else _default_port()
+    server = ServerThread(create_app(config), args.host, port, threads=args.threads).start()
+    sched = Scheduler(config, api_url=server.url)
+    group = latest[0]["group_id"] if latest else "<group>"
+    print("thumbq up", file=out)
+    print(f"  database:      {where}", file=out)
+    if schema["applied"]:
+        print(f"  schema:        applied {', '.join(schema['applied'])}", file=out)
+    print(f"  API:           {server.url}", file=out)
+    print(f"  progress page: {server.url}/progress?group_id={group}", file=out)
+    if secret_from is None:
+        print("  admin secret:  from THUMBQ_CRON_SECRET", file=out)
+    else:
+        print(f"  admin secret:  {secret}  (kept in {secret_from})", file=out)
+    print(f"  schedule:      {config.schedule} (UTC), first batch now", file=out)
+    print("Press Ctrl-C to stop.", file=out, flush=True)
+    sched.start(run_now=True)
+    try:
+        sig = _wait_for_signal()
+        print(f"thumbq: {sig}, stopping", file=sys.stderr, flush=True)
+    finally:
+        # Scheduler first: its running call needs the server to answer.
+        sched.shutdown()
+        server.close()
+    print("thumbq: stopped", file=sys.stderr, flush=True)
+    return 0
+
+
 # -- parser -----------------------------------------------------------------------------------
 
 
@@ -308,6 +451,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = add("demo", cmd_demo, "make sample files, enqueue them, drain with a progress bar")
     sp.add_argument("--max-runs", type=int, default=20)
+
+    def serving_args(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--host", default="127.0.0.1")
+        sp.add_argument("--port", type=int, default=None, help="default: $PORT or 8000")
+        sp.add_argument("--threads", type=int, default=8)
+
+    sp = add("serve", cmd_serve, "serve the HTTP API with waitress")
+    serving_args(sp)
+    sp = add("scheduler", cmd_scheduler, "call the batch endpoint on THUMBQ_SCHEDULE, chaining")
+    sp.add_argument("--now", action="store_true", help="make the first call at once")
+    sp = add("up", cmd_up, "database, schema, API server and scheduler in one command")
+    serving_args(sp)
     return p
 
 

@@ -1,0 +1,555 @@
+"""Run `render()` in long-lived child processes that are killed at a deadline or on a memory limit.
+
+PyMuPDF holds the GIL while it renders and must not be used from two threads, and a hostile file
+can make either library spin or allocate without bound; only a separate process can be stopped.
+
+Children are forked from a "zygote": a Python process started with `subprocess` (so it inherits no
+thread, lock, socket or database connection of the worker), which imports PyMuPDF and Pillow once
+and then forks one child per request, handing the child's socket back over a Unix socket.
+- `fork` straight from the worker would copy its locks mid-use (its threads hold the logging,
+  psycopg and OpenSSL locks at random moments) and its open connections.
+- `spawn` pays a fresh interpreter and the imports (about 0.3 s) for every child, including every
+  replacement of a killed one.
+- multiprocessing's "forkserver" is the same idea, but it makes every child re-import the parent's
+  `__main__` module (a console script, `python -m bench.render`, a serverless launcher), which
+  costs time per child and runs code that was never meant to run there.
+
+The memory limit is RLIMIT_DATA, set by each child on itself. Since Linux 4.7 it counts the heap and
+all private writable mappings, which is where Python, Pillow and MuPDF allocate, but not the shared
+libraries' code that RLIMIT_AS also counts (a child maps about 100 MB of address space for about
+50 MB of data). Either way malloc fails cleanly: Pillow raises MemoryError, MuPDF an error naming
+malloc, and the child reports `too_large`, then exits so that its successor starts unfragmented.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import queue
+import resource
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from types import TracebackType
+from typing import Any
+
+from worker.errors import (
+    INTERNAL,
+    PERMANENT_CODES,
+    RENDER_TIMEOUT,
+    TOO_LARGE,
+    TRANSIENT_CODES,
+    ThumbqError,
+)
+from worker.render import MemoryLimitExceeded, RenderOptions, Thumbnail
+
+_ZYGOTE_BOOT = (
+    "import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
+    "from worker.render.process import _zygote_main; _zygote_main(int(sys.argv[2]))"
+)
+_FRAME = struct.Struct("!Q")
+# How long close() lets an idle child or the zygote exit on its own before killing it.
+_STOP_GRACE_S = 0.5
+# After SIGKILL, how long to wait for the kernel to close the child's socket.
+_KILL_WAIT_S = 2.0
+# Bounds on what the parent accepts from a child, so that a subverted child cannot make the parent
+# allocate without limit; a 4096 px thumbnail is a few MB.
+_MAX_HEADER = 64 * 1024
+_MAX_THUMBNAIL = 64 * 1024 * 1024
+
+
+@dataclass(eq=False)
+class _Child:
+    pid: int
+    sock: socket.socket
+    renders: int = 0
+    dead: bool = False
+
+
+class RenderPool:
+    """Up to `workers` concurrent renders, each in its own long-lived child process.
+
+    Thread-safe: each calling thread borrows one child for one render. A child that overruns its
+    timeout is killed and replaced on a later call; one that exceeds `memory_limit_mb` reports
+    `too_large` and is replaced as well.
+    """
+
+    def __init__(self, opts: RenderOptions, workers: int, memory_limit_mb: int) -> None:
+        if workers < 1:
+            raise ValueError("workers must be at least 1")
+        self.opts = opts
+        self.workers = workers
+        self.memory_limit_mb = memory_limit_mb
+        # A slot holds an idle child, or None: start one when it is borrowed. LIFO keeps the
+        # most recently used children busy.
+        self._slots: queue.LifoQueue[_Child | None] = queue.LifoQueue()
+        for _ in range(workers):
+            self._slots.put(None)
+        self._lock = threading.Lock()  # guards _live, _closed, _zygote
+        self._fork_lock = threading.Lock()  # one fork request at a time on the zygote's socket
+        self._live: set[_Child] = set()
+        self._zygote: _Zygote | None = None
+        self._closed = False
+
+    def __enter__(self) -> RenderPool:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def start(self) -> None:
+        """Start the zygote and every child now, so that the first renders do not wait."""
+        borrowed = [self._slots.get() for _ in range(self.workers)]
+        try:
+            for i, child in enumerate(borrowed):
+                if child is None or child.dead:
+                    borrowed[i] = self._start_child()
+        finally:
+            for child in borrowed:
+                self._slots.put(child if child is not None and not child.dead else None)
+
+    def render(self, data: bytes, declared_type: str | None, *, timeout_s: float) -> Thumbnail:
+        """Render in a child process; raise ThumbqError(RENDER_TIMEOUT) once `timeout_s` passes.
+
+        Errors raised in the child come back with their code and message.
+        """
+        deadline = time.monotonic() + timeout_s
+        if self._closed:
+            raise RuntimeError("RenderPool is closed")
+        try:
+            child = self._slots.get(timeout=max(timeout_s, 0.0))
+        except queue.Empty:
+            raise ThumbqError(
+                RENDER_TIMEOUT,
+                f"no render process became free within {timeout_s:.1f} s (all {self.workers} busy)",
+            ) from None
+        try:
+            child = self._send(child, data, declared_type, deadline, timeout_s)
+            return self._await_reply(child, deadline, timeout_s)
+        except ThumbqError:
+            raise
+        except BaseException:
+            # Interrupted half-way (KeyboardInterrupt, an OS error): the child's state is unknown.
+            if child is not None:
+                self._kill(child)
+            raise
+        finally:
+            self._slots.put(child if child is not None and not child.dead else None)
+
+    def pids(self) -> list[int]:
+        """Process ids of the live children (for tests and operators)."""
+        with self._lock:
+            return [child.pid for child in self._live]
+
+    def close(self) -> None:
+        """Stop every child and the zygote: idle ones exit on their own, busy ones are killed."""
+        with self._lock:
+            self._closed = True
+            live = set(self._live)
+            zygote, self._zygote = self._zygote, None
+        idle = []
+        with contextlib.suppress(queue.Empty):
+            while True:
+                child = self._slots.get_nowait()
+                if child is not None and child in live:
+                    idle.append(child)
+        for child in live.difference(idle):
+            # Busy in another thread: that render fails with `internal` ("pool is closing").
+            self._kill(child)
+        for child in idle:
+            # EOF on its socket tells an idle child to exit.
+            with contextlib.suppress(OSError):
+                child.sock.shutdown(socket.SHUT_WR)
+        stop_by = time.monotonic() + _STOP_GRACE_S
+        for child in idle:
+            if not _wait_for_eof(child.sock, max(0.0, stop_by - time.monotonic())):
+                self._kill(child)
+            self._forget(child)
+        if zygote is not None:
+            zygote.close()
+
+    # -- internals --------------------------------------------------------------------------------
+
+    def _start_child(self) -> _Child:
+        with self._fork_lock:
+            with self._lock:
+                if self._closed:
+                    raise RuntimeError("RenderPool is closed")
+                if self._zygote is None or not self._zygote.alive():
+                    if self._zygote is not None:
+                        self._zygote.close()
+                    self._zygote = _Zygote()
+                zygote = self._zygote
+            try:
+                pid, sock = zygote.fork(self.opts, self.memory_limit_mb)
+            except (OSError, EOFError):
+                # The zygote died (killed by an operator or the OOM killer): start another once.
+                zygote.close()
+                zygote = _Zygote()
+                with self._lock:
+                    self._zygote = zygote
+                try:
+                    pid, sock = zygote.fork(self.opts, self.memory_limit_mb)
+                except (OSError, EOFError) as exc:
+                    raise ThumbqError(
+                        INTERNAL, f"cannot start a render process: {exc or type(exc).__name__}"
+                    ) from None
+        child = _Child(pid=pid, sock=sock)
+        with self._lock:
+            self._live.add(child)
+        return child
+
+    def _send(
+        self,
+        child: _Child | None,
+        data: bytes,
+        declared_type: str | None,
+        deadline: float,
+        timeout_s: float,
+    ) -> _Child:
+        """Hand the job to `child`, starting one if the slot is empty or its child has died."""
+        if child is not None:
+            try:
+                _send_job(child.sock, data, declared_type, deadline)
+                return child
+            except (BrokenPipeError, ConnectionResetError):
+                # The child died while idle (the system's OOM killer, an operator): nothing was
+                # rendered, so a fresh child can take the job.
+                self._kill(child)
+            except TimeoutError:
+                self._kill(child)
+                raise _timeout(timeout_s) from None
+        child = self._start_child()
+        try:
+            _send_job(child.sock, data, declared_type, deadline)
+        except TimeoutError:
+            self._kill(child)
+            raise _timeout(timeout_s) from None
+        return child
+
+    def _await_reply(self, child: _Child, deadline: float, timeout_s: float) -> Thumbnail:
+        try:
+            header = _recv_frame(child.sock, deadline, _MAX_HEADER)
+            payload = (bytes(header), bytes(_recv_frame(child.sock, deadline, _MAX_THUMBNAIL)))
+        except TimeoutError:
+            self._kill(child)
+            raise _timeout(timeout_s) from None
+        except ValueError:
+            self._kill(child)
+            raise ThumbqError(INTERNAL, "render process sent an oversized reply") from None
+        except (EOFError, OSError):
+            self._kill(child)
+            if self._closed:
+                raise ThumbqError(INTERNAL, "render stopped: the render pool is closing") from None
+            raise ThumbqError(
+                INTERNAL,
+                "render process died unexpectedly (a crash, or killed by the system, "
+                "possibly for lack of memory)",
+            ) from None
+        child.renders += 1
+        reply = _parse_reply(payload)
+        if isinstance(reply, Thumbnail):
+            return reply
+        error, child_exits = reply
+        if child_exits:
+            self._kill(child)
+        raise error
+
+    def _kill(self, child: _Child) -> None:
+        """SIGKILL: a render stuck in C code (PyMuPDF, libjpeg) cannot be interrupted otherwise.
+
+        Returns once the kernel has closed the child's socket, i.e. the child is gone.
+        """
+        if not child.dead:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signal.SIGKILL)
+            _wait_for_eof(child.sock, _KILL_WAIT_S)
+        self._forget(child)
+
+    def _forget(self, child: _Child) -> None:
+        child.dead = True
+        with contextlib.suppress(OSError):
+            child.sock.close()
+        with self._lock:
+            self._live.discard(child)
+
+
+def _parse_reply(payload: tuple[bytes, bytes]) -> Thumbnail | tuple[ThumbqError, bool]:
+    """Read a child's reply as data, never as code: a child that a hostile file managed to
+    subvert must not be able to run anything in this process (hence JSON, not pickle)."""
+    header_bytes, body = payload
+    try:
+        header = json.loads(header_bytes)
+        if header["ok"] is True:
+            return Thumbnail(
+                data=body,
+                content_type=str(header["content_type"]),
+                width=int(header["width"]),
+                height=int(header["height"]),
+                source_type=str(header["source_type"]),
+            )
+        code, message = str(header["code"]), str(header["message"])[:1000]
+        exits = bool(header["exit"])
+    except (ValueError, KeyError, TypeError):
+        return ThumbqError(INTERNAL, "render process sent a malformed reply"), True
+    if code not in PERMANENT_CODES and code not in TRANSIENT_CODES:
+        return ThumbqError(INTERNAL, f"render process sent an unknown error code: {message}"), True
+    return ThumbqError(code, message), exits
+
+
+def _timeout(timeout_s: float) -> ThumbqError:
+    return ThumbqError(
+        RENDER_TIMEOUT, f"rendering took longer than {timeout_s:.1f} s and was stopped"
+    )
+
+
+class _Zygote:
+    """A clean Python process with the renderers imported, which forks render children."""
+
+    def __init__(self) -> None:
+        # SEQPACKET keeps each request and reply one message, so a reply and its file
+        # descriptor are read together.
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with theirs:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", _ZYGOTE_BOOT, json.dumps(sys.path), str(theirs.fileno())],
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+            )
+        self.sock = ours
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def fork(self, opts: RenderOptions, memory_limit_mb: int) -> tuple[int, socket.socket]:
+        """Ask for a new child; returns its pid and the parent's end of its socket."""
+        self.sock.sendall(json.dumps([asdict(opts), memory_limit_mb]).encode())
+        message, fds, _flags, _addr = socket.recv_fds(self.sock, 64, 1)
+        if not message or not fds:
+            for fd in fds:
+                os.close(fd)
+            raise EOFError("render zygote closed its socket")
+        (pid,) = _FRAME.unpack(message)
+        return pid, socket.socket(fileno=fds[0])
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        try:
+            self.process.wait(_STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+# -- framing ---------------------------------------------------------------------------------------
+
+
+def _send_job(sock: socket.socket, data: bytes, declared_type: str | None, deadline: float) -> None:
+    sock.settimeout(max(deadline - time.monotonic(), 0.001))
+    header = json.dumps([declared_type, len(data)]).encode()
+    sock.sendall(_FRAME.pack(len(header)) + header)
+    sock.sendall(data)
+
+
+def _recv_exact(sock: socket.socket, size: int, deadline: float | None) -> bytearray:
+    buf = bytearray(size)
+    view = memoryview(buf)
+    got = 0
+    while got < size:
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            sock.settimeout(remaining)
+        n = sock.recv_into(view[got:])
+        if n == 0:
+            raise EOFError
+        got += n
+    return buf
+
+
+def _recv_frame(sock: socket.socket, deadline: float | None, max_size: int) -> bytearray:
+    (size,) = _FRAME.unpack(_recv_exact(sock, _FRAME.size, deadline))
+    if size > max_size:
+        raise ValueError(f"frame of {size} bytes is over the limit of {max_size}")
+    return _recv_exact(sock, size, deadline)
+
+
+def _send_frame(sock: socket.socket, payload: bytes) -> None:
+    sock.sendall(_FRAME.pack(len(payload)) + payload)
+
+
+def _wait_for_eof(sock: socket.socket, timeout_s: float) -> bool:
+    """Read and drop whatever is left until EOF; False if the peer is still there at the timeout."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            sock.settimeout(remaining)
+            if not sock.recv(65536):
+                return True
+    except TimeoutError:
+        return False
+    except OSError:
+        return True
+
+
+# -- zygote and child side -----------------------------------------------------------------------
+
+
+def _zygote_main(control_fd: int) -> None:
+    """Import the renderers once, then fork a render child for every request until EOF."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # The kernel reaps exited children; the parent learns of a death from the child's socket.
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    control = socket.socket(fileno=control_fd)
+    _warm_up()
+
+    while True:
+        request = control.recv(65536)
+        if not request:
+            return
+        options, memory_limit_mb = json.loads(request)
+        opts = RenderOptions(**options)
+        parent_end, child_end = socket.socketpair()
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                control.close()
+                parent_end.close()
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                _child_main(child_end, opts, memory_limit_mb)
+            except BaseException:
+                code = 1
+            finally:
+                os._exit(code)
+        child_end.close()
+        socket.send_fds(control, [_FRAME.pack(pid)], [parent_end.fileno()])
+        parent_end.close()
+
+
+def _warm_up() -> None:
+    """Import the renderers and run each once, so that every child starts with MuPDF's fonts and
+    colour spaces and Pillow's codecs initialised (measured: a child's first PDF render drops
+    from about 22 ms to about 10 ms)."""
+    import pymupdf
+    from PIL import Image
+
+    from worker.render import render
+    from worker.render.image import encode
+
+    doc = pymupdf.open()
+    page = doc.new_page(width=200, height=100)
+    page.insert_text((10, 50), "thumbq", fontsize=20)
+    page.draw_rect(pymupdf.Rect(5, 5, 60, 30), color=(1, 0, 0), fill=(0, 0, 1))
+    pdf = doc.tobytes()
+    doc.close()
+    opts = RenderOptions()
+    render(pdf, None, opts)
+    encode(Image.new("RGB", (16, 16)), RenderOptions(format="jpeg"))
+    for fmt in ("PNG", "JPEG"):
+        buf = io.BytesIO()
+        Image.new("RGB", (600, 600), (10, 20, 30)).save(buf, fmt)
+        render(buf.getvalue(), None, opts)
+
+
+def _limit_memory(megabytes: int) -> str:
+    """Cap this process's private memory; returns the mechanism used (for diagnostics)."""
+    limit = megabytes * 1024 * 1024
+    for name in ("RLIMIT_DATA", "RLIMIT_AS"):
+        which = getattr(resource, name, None)
+        if which is None:
+            continue
+        try:
+            resource.setrlimit(which, (limit, limit))
+        except (ValueError, OSError):
+            continue
+        return name
+    return "none"
+
+
+def _child_main(sock: socket.socket, opts: RenderOptions, memory_limit_mb: int) -> None:
+    """Serve renders one after another until the parent closes the socket."""
+    from worker.render import render
+
+    _limit_memory(memory_limit_mb)
+    while True:
+        try:
+            declared_type, size = json.loads(_recv_frame(sock, None, _MAX_HEADER))
+        except (EOFError, OSError):
+            return
+        header, body = _render_one(sock, size, declared_type, opts, memory_limit_mb, render)
+        try:
+            _send_frame(sock, json.dumps(header).encode())
+            _send_frame(sock, body)
+        except (OSError, MemoryError):
+            return
+        if header.get("exit"):
+            return
+
+
+def _render_one(
+    sock: socket.socket,
+    size: int,
+    declared_type: str | None,
+    opts: RenderOptions,
+    memory_limit_mb: int,
+    render: Callable[[bytes, str | None, RenderOptions], Thumbnail],
+) -> tuple[dict[str, Any], bytes]:
+    """Receive one file and render it: a JSON-able header and the thumbnail bytes. The header's
+    "exit" says that this child must exit after replying."""
+
+    def error(code: str, message: str, *, exits: bool) -> tuple[dict[str, Any], bytes]:
+        return {"ok": False, "code": code, "message": message, "exit": exits}, b""
+
+    try:
+        data = _recv_bytes(sock, size)
+        thumb = render(data, declared_type, opts)
+    except (MemoryLimitExceeded, MemoryError):
+        # Exit after replying: a fresh child starts with an unfragmented heap.
+        return error(TOO_LARGE, _memory_message(memory_limit_mb), exits=True)
+    except ThumbqError as exc:
+        return error(exc.code, exc.message, exits=False)
+    except (EOFError, OSError) as exc:
+        return error(INTERNAL, f"receiving the file failed: {exc}", exits=True)
+    except Exception as exc:
+        return error(INTERNAL, f"render failed: {type(exc).__name__}: {exc}"[:500], exits=False)
+    header = {
+        "ok": True,
+        "content_type": thumb.content_type,
+        "width": thumb.width,
+        "height": thumb.height,
+        "source_type": thumb.source_type,
+    }
+    return header, thumb.data
+
+
+def _recv_bytes(sock: socket.socket, size: int) -> bytes:
+    """Receive exactly `size` bytes as one bytes object (no second copy of a large file)."""
+    data = sock.recv(size, socket.MSG_WAITALL) if size else b""
+    if len(data) == size:
+        return data
+    # MSG_WAITALL can return early (a signal); finish the rest the slow way.
+    return data + bytes(_recv_exact(sock, size - len(data), None))
+
+
+def _memory_message(megabytes: int) -> str:
+    return f"rendering exceeded the memory limit of {megabytes} MB"

@@ -11,7 +11,12 @@ from pathlib import Path
 
 def embedded_database_url(home: Path) -> str:
     """Start (or find) the embedded Postgres for `home` and return its connection URL."""
-    import pgserver
+    import warnings
+
+    with warnings.catch_warnings():
+        # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI); its fallback is fine.
+        warnings.simplefilter("ignore")
+        import pgserver
 
     home.mkdir(parents=True, exist_ok=True)
     server = pgserver.get_server(home / "pgdata", cleanup_mode=None)

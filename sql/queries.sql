@@ -88,3 +88,10 @@ select source_key, thumbnail_key
 
 -- name: ping
 select 1 as ok
+
+-- name: act_as_user
+-- For the rest of the transaction, act as Supabase's `authenticated` role with a user's JWT
+-- claims, so that row level security decides what the user may read. Local to the
+-- transaction: safe behind a transaction-mode pooler.
+select set_config('role', 'authenticated', true) as role,
+       set_config('request.jwt.claims', %(claims)s, true) as claims

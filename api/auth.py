@@ -1,0 +1,130 @@
+"""Who is calling: the operator (the cron secret) or a Supabase user (a JWT).
+
+Admin routes need `Authorization: Bearer <THUMBQ_CRON_SECRET>` (Vercel Cron sends
+`Bearer $CRON_SECRET`, which Config reads as a fallback). Without a configured secret they refuse
+with 503 `not_configured`: the server, not the caller, has to be fixed, and nothing is open.
+The progress endpoint also takes a user JWT signed with THUMBQ_JWT_SECRET (HS256, `aud`
+"authenticated", `exp` and `sub` required); RLS then decides which groups the user sees.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass
+from typing import Any
+
+from flask import request
+
+from api.errors import ApiError
+from worker.config import Config
+
+_CHALLENGE = {"WWW-Authenticate": 'Bearer realm="thumbq"'}
+JWT_AUDIENCE = "authenticated"
+# Bearer tokens longer than this are refused before any work is done on them.
+MAX_TOKEN_LENGTH = 8192
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The caller: the operator (`claims` is None) or a user with the JWT's claims."""
+
+    claims: dict[str, Any] | None = None
+
+    @property
+    def is_admin(self) -> bool:
+        return self.claims is None
+
+
+ADMIN = Principal()
+
+
+def _unauthorized(message: str, error: str = "invalid_token") -> ApiError:
+    return ApiError(
+        401,
+        "unauthorized",
+        message,
+        {"WWW-Authenticate": f'Bearer realm="thumbq", error="{error}"'},
+    )
+
+
+def _not_configured(message: str) -> ApiError:
+    return ApiError(503, "not_configured", message)
+
+
+def bearer_token() -> str:
+    """The token of `Authorization: Bearer <token>`; 401 when missing or malformed."""
+    header = request.headers.get("Authorization", "")
+    if not header:
+        raise ApiError(
+            401, "unauthorized", "missing `Authorization: Bearer <token>` header", _CHALLENGE
+        )
+    scheme, _, token = header.partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise _unauthorized("the Authorization header must be `Bearer <token>`", "invalid_request")
+    if len(token) > MAX_TOKEN_LENGTH:
+        raise _unauthorized("the bearer token is too long")
+    return token
+
+
+def secret_matches(token: str, secret: str) -> bool:
+    """Constant-time comparison that leaks neither content nor length: both sides are hashed
+    to equal-length digests and every byte is compared."""
+    a = hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+    b = hashlib.sha256(secret.encode("utf-8", "surrogatepass")).digest()
+    return hmac.compare_digest(a, b)
+
+
+def require_admin(config: Config) -> Principal:
+    """Let the operator through, or raise 401 (wrong or missing token) / 503 (no secret)."""
+    if not config.cron_secret:
+        raise _not_configured("THUMBQ_CRON_SECRET is not set, so admin routes are disabled")
+    if not secret_matches(bearer_token(), config.cron_secret):
+        raise _unauthorized("the bearer token is not the admin secret")
+    return ADMIN
+
+
+def require_reader(config: Config) -> Principal:
+    """Let the operator or a user with a valid JWT through (the progress endpoint)."""
+    if not config.cron_secret and not config.jwt_secret:
+        raise _not_configured(
+            "neither THUMBQ_CRON_SECRET nor THUMBQ_JWT_SECRET is set, so progress is not readable"
+        )
+    token = bearer_token()
+    if config.cron_secret and secret_matches(token, config.cron_secret):
+        return ADMIN
+    if not config.jwt_secret:
+        raise _unauthorized("the bearer token is not the admin secret")
+    return Principal(claims=verify_jwt(token, config.jwt_secret))
+
+
+def verify_jwt(token: str, secret: str) -> dict[str, Any]:
+    """The claims of a valid Supabase user JWT, else 401 saying what is wrong with it."""
+    import jwt  # only the user path pays for PyJWT's import
+
+    try:
+        claims = jwt.decode(
+            token,
+            secret,
+            algorithms=["HS256"],
+            audience=JWT_AUDIENCE,
+            options={"require": ["exp", "sub", "aud"]},
+        )
+    except jwt.ExpiredSignatureError:
+        raise _unauthorized("the JWT has expired") from None
+    except jwt.InvalidAudienceError:
+        raise _unauthorized(f"the JWT's audience is not {JWT_AUDIENCE!r}") from None
+    except jwt.MissingRequiredClaimError as exc:
+        raise _unauthorized(f"the JWT lacks the {exc.claim!r} claim") from None
+    except jwt.InvalidAlgorithmError:
+        raise _unauthorized("the JWT must be signed with HS256") from None
+    except jwt.InvalidSignatureError:
+        raise _unauthorized("the JWT's signature is not valid") from None
+    except jwt.InvalidTokenError:
+        raise _unauthorized(
+            "the bearer token is neither the admin secret nor a valid JWT"
+        ) from None
+    if not isinstance(claims.get("sub"), str) or not claims["sub"]:
+        raise _unauthorized("the JWT's `sub` claim must be a non-empty string")
+    return dict(claims)

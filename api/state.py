@@ -1,0 +1,154 @@
+"""What one app process keeps between requests: a small connection pool, the storage client and
+the render processes, each created on first use so that a cold start pays only for what it uses.
+
+A warm serverless instance reuses all three; nothing here holds session state in Postgres, so a
+transaction-mode pooler (Supavisor, pgbouncer) sits happily in front.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from psycopg.rows import dict_row
+
+from worker import db
+
+if TYPE_CHECKING:
+    from psycopg_pool import ConnectionPool
+
+    from worker.config import Config
+    from worker.render.process import RenderPool
+    from worker.storage import Storage
+
+# Poolers and NAT gateways drop idle connections: one idle longer than this is pinged (an empty
+# query) before use, so a thawed serverless instance gets a live connection, not a 503.
+PING_AFTER_IDLE_S = 30.0
+
+
+class AppState:
+    """Lazily created, process-wide resources of one Flask app."""
+
+    def __init__(
+        self, config: Config, *, pool_size: int = 4, db_timeout_s: float = 5.0, pooled: bool = True
+    ) -> None:
+        self.config = config
+        self.pool_size = pool_size
+        self.db_timeout_s = db_timeout_s
+        self.pooled = pooled
+        self.batch_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._url: str | None = None
+        self._pool: ConnectionPool[Any] | None = None
+        self._storage: Storage | None = None
+        self._render_pool: RenderPool | None = None
+        self._last_used: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+
+    # -- database ---------------------------------------------------------------------------
+
+    def database_url(self) -> str:
+        """The database URL (starting the embedded Postgres when none is configured)."""
+        with self._lock:
+            if self._url is None:
+                self._url = db.database_url(self.config)
+            return self._url
+
+    def _ping_if_idle(self, conn: db.Conn) -> None:
+        last = self._last_used.get(conn)
+        if last is not None and time.monotonic() - last > PING_AFTER_IDLE_S:
+            conn.execute("")
+
+    def _get_pool(self) -> ConnectionPool[Any]:
+        url = self.database_url()
+        with self._lock:
+            if self._pool is None:
+                from psycopg_pool import ConnectionPool
+
+                # The same settings as db.connect: autocommit, no prepared statements.
+                self._pool = ConnectionPool(
+                    url,
+                    min_size=1,
+                    max_size=self.pool_size,
+                    timeout=self.db_timeout_s,
+                    max_idle=300,
+                    name="thumbq-api",
+                    check=self._ping_if_idle,
+                    kwargs={
+                        "autocommit": True,
+                        "prepare_threshold": None,
+                        "row_factory": dict_row,
+                        "connect_timeout": max(1, round(self.db_timeout_s)),
+                        "application_name": "thumbq-api",
+                    },
+                    open=False,
+                )
+                self._pool.open(wait=False)
+            return self._pool
+
+    @contextmanager
+    def connection(self) -> Iterator[db.Conn]:
+        """A connection for one request: from the pool, or a fresh one when pooling is off."""
+        if not self.pooled:
+            conn = db.connect(
+                self.database_url(),
+                connect_timeout=max(1, round(self.db_timeout_s)),
+                application_name="thumbq-api",
+            )
+            try:
+                yield conn
+            finally:
+                conn.close()
+            return
+        pool = self._get_pool()
+        with pool.connection() as conn:
+            try:
+                yield conn
+            finally:
+                self._last_used[conn] = time.monotonic()
+
+    def dedicated_connection(self) -> db.Conn:
+        """A connection of its own for a long call (the batch), so it never starves the pool."""
+        return db.connect(
+            self.database_url(),
+            connect_timeout=max(1, round(self.db_timeout_s)),
+            application_name="thumbq-batch",
+        )
+
+    # -- storage and rendering ----------------------------------------------------------------
+
+    def storage(self) -> Storage:
+        """The configured object storage, opened once per process."""
+        with self._lock:
+            if self._storage is None:
+                from worker.storage import open_storage
+
+                self._storage = open_storage(self.config)
+            return self._storage
+
+    def render_pool(self) -> RenderPool:
+        """The render processes, started on the first batch and reused by later ones."""
+        with self._lock:
+            if self._render_pool is None:
+                from worker.batch import render_options
+                from worker.render.process import RenderPool
+
+                self._render_pool = RenderPool(
+                    render_options(self.config),
+                    self.config.concurrency,
+                    self.config.render_memory_mb,
+                )
+            return self._render_pool
+
+    def close(self) -> None:
+        """Close the pool and stop the render processes; safe to call twice (atexit, tests)."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+            render_pool, self._render_pool = self._render_pool, None
+        if pool is not None:
+            pool.close(timeout=1.0)
+        if render_pool is not None:
+            render_pool.close()

@@ -1,0 +1,52 @@
+"""The HTTP layer: a Flask app factory and its blueprints (no SQL strings, no rendering here)."""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import importlib.util
+
+from flask import Flask
+
+from api.state import AppState
+from api.validation import MAX_BODY_BYTES
+from worker.config import Config
+
+
+def create_app(
+    config: Config | None = None,
+    *,
+    db_timeout_s: float = 5.0,
+    pool_size: int = 4,
+    pooled: bool = True,
+) -> Flask:
+    """Build the app on `config` (default: the environment). Nothing connects until a request
+    needs it: the connection pool, storage client and render processes are created lazily and
+    kept for the life of the process (closed at exit).
+
+    `db_timeout_s` bounds how long a request waits for a database connection before it answers
+    503; `pooled=False` opens one connection per request instead of keeping a pool.
+    """
+    from api import errors, ops, thumbnails
+    from api.openapi import bp as openapi_bp
+
+    config = config or Config.from_env()
+    app = Flask("api")
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+
+    st = AppState(config, pool_size=pool_size, db_timeout_s=db_timeout_s, pooled=pooled)
+    app.extensions["thumbq"] = st
+    atexit.register(st.close)
+
+    errors.register_error_handlers(app)
+    app.register_blueprint(thumbnails.bp)
+    app.register_blueprint(ops.bp)
+    app.register_blueprint(openapi_bp)
+    # The progress page lives in its own module, which may not exist in every build.
+    if importlib.util.find_spec("api.pages") is not None:
+        pages = importlib.import_module("api.pages")
+        page_bp = getattr(pages, "bp", None)
+        if page_bp is not None:
+            app.register_blueprint(page_bp)
+    return app

@@ -1,0 +1,665 @@
+"""GET /api/openapi.json: the OpenAPI 3.1 description of every route, written by hand.
+
+A module that adds routes (the progress page in `api/pages.py`) may export `openapi_paths`, a
+dict of OpenAPI path items, which is merged in; a test checks that every route is described.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import importlib.util
+from typing import Any
+
+from flask import Blueprint, Response
+
+from api import validation as v
+from api.errors import RETRY_AFTER_S, json_response
+from api.thumbnails import POLL_RUNNING_MS, POLL_SETTLED_MS, POLL_WAITING_MS
+
+bp = Blueprint("openapi", __name__)
+
+ERROR_CODES = [
+    "invalid_json",
+    "invalid_request",
+    "invalid_key",
+    "invalid_group_id",
+    "invalid_job_id",
+    "unauthorized",
+    "not_found",
+    "group_not_found",
+    "job_not_found",
+    "method_not_allowed",
+    "batch_in_progress",
+    "payload_too_large",
+    "internal",
+    "not_configured",
+    "database_unavailable",
+    "schema_missing",
+    "storage_unavailable",
+]
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any], description: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": schema}},
+        **extra,
+    }
+
+
+def _err(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/responses/{name}"}
+
+
+ADMIN: list[dict[str, list[str]]] = [{"adminSecret": []}]
+READER: list[dict[str, list[str]]] = [{"adminSecret": []}, {"userJwt": []}]
+_ADMIN_ERRORS = {"401": _err("Unauthorized"), "503": _err("Unavailable")}
+_BODY_ERRORS = {"400": _err("BadRequest"), "413": _err("TooLarge")}
+_COUNTS = ("total", "pending", "processing", "completed", "failed", "unsupported", "cancelled")
+
+
+def _body(schema: dict[str, Any], required: bool = True) -> dict[str, Any]:
+    return {"required": required, "content": {"application/json": {"schema": schema}}}
+
+
+GROUP_ID_SCHEMA = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 200,
+    "pattern": "^[A-Za-z0-9_.:@/+=-]{1,200}$",
+    "description": "Letters, digits and _ . : @ / + = -",
+}
+KEY_SCHEMA = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 1024,
+    "description": "A relative object key: no leading '/', no NUL or control characters, no "
+    "'.' or '..' segments, no backslashes; at most 1 024 UTF-8 bytes.",
+}
+
+SCHEMAS: dict[str, Any] = {
+    "Error": {
+        "type": "object",
+        "required": ["error"],
+        "additionalProperties": False,
+        "properties": {
+            "error": {
+                "type": "object",
+                "required": ["code", "message"],
+                "additionalProperties": False,
+                "properties": {
+                    "code": {"type": "string", "examples": ERROR_CODES},
+                    "message": {"type": "string"},
+                },
+            }
+        },
+    },
+    "Progress": {
+        "type": "object",
+        "required": [
+            *_COUNTS,
+            "group_id",
+            "progress_percentage",
+            "estimated_time_remaining_seconds",
+            "updated_at",
+            "poll_after_ms",
+        ],
+        "properties": {
+            "group_id": {"type": "string"},
+            **{c: {"type": "integer", "minimum": 0} for c in _COUNTS},
+            "progress_percentage": {
+                "type": "number",
+                "minimum": 0,
+                "maximum": 100,
+                "description": "Share of jobs no longer pending or processing.",
+            },
+            "estimated_time_remaining_seconds": {
+                "type": ["integer", "null"],
+                "description": "From the completion rate observed in the current wave of work; "
+                "0 when nothing is left, null while no rate has been observed.",
+            },
+            "rate_per_second": {"type": ["number", "null"]},
+            "updated_at": {"type": "string", "format": "date-time"},
+            "version": {"type": "integer", "description": "Bumped by every change of the counts."},
+            "poll_after_ms": {
+                "type": "integer",
+                "description": f"{POLL_RUNNING_MS} while jobs are processing, {POLL_WAITING_MS} "
+                f"while jobs wait for the next batch, {POLL_SETTLED_MS} when nothing is pending "
+                "or processing. Depends on the group's state only, so one ETag is one body.",
+            },
+        },
+    },
+    "EnqueueItem": {
+        "type": "object",
+        "required": ["source_key"],
+        "additionalProperties": False,
+        "properties": {
+            "source_key": KEY_SCHEMA,
+            "etag": {
+                "type": ["string", "null"],
+                "maxLength": v.MAX_ETAG_LENGTH,
+                "description": "The object version; asked of storage when left out.",
+            },
+            "content_type": {"type": ["string", "null"], "maxLength": v.MAX_CONTENT_TYPE_LENGTH},
+            "group_id": {**GROUP_ID_SCHEMA, "type": ["string", "null"], "default": "default"},
+        },
+    },
+    "EnqueueRequest": {
+        "type": "object",
+        "required": ["items"],
+        "additionalProperties": False,
+        "properties": {
+            "items": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": v.MAX_ITEMS,
+                "items": _ref("EnqueueItem"),
+            }
+        },
+    },
+    "EnqueueResult": {
+        "type": "object",
+        "required": ["enqueued", "existing", "jobs"],
+        "properties": {
+            "enqueued": {"type": "integer", "description": "New jobs created."},
+            "existing": {"type": "integer", "description": "Versions already known (idempotent)."},
+            "jobs": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["job_id", "source_key", "created", "status"],
+                    "properties": {
+                        "job_id": {"type": "integer"},
+                        "source_key": {"type": "string"},
+                        "created": {"type": "boolean"},
+                        "status": _ref("JobStatus"),
+                    },
+                },
+            },
+        },
+    },
+    "BackfillRequest": {
+        "type": "object",
+        "required": ["prefix"],
+        "additionalProperties": False,
+        "properties": {
+            "prefix": {
+                "type": "string",
+                "maxLength": 1024,
+                "description": "Key prefix to list; empty for everything.",
+            },
+            "group_id": {**GROUP_ID_SCHEMA, "type": ["string", "null"], "default": "default"},
+        },
+    },
+    "BackfillResult": {
+        "type": "object",
+        "required": ["listed", "have_thumbnail", "enqueued", "existing", "group_id"],
+        "properties": {
+            "listed": {"type": "integer"},
+            "have_thumbnail": {"type": "integer"},
+            "enqueued": {"type": "integer"},
+            "existing": {"type": "integer"},
+            "group_id": {"type": "string"},
+        },
+    },
+    "GroupRequest": {
+        "type": "object",
+        "required": ["group_id"],
+        "additionalProperties": False,
+        "properties": {"group_id": GROUP_ID_SCHEMA},
+    },
+    "BatchRequest": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "budget_ms": {
+                "type": "integer",
+                "minimum": v.MIN_BUDGET_MS,
+                "description": "Shorter budget for this call; at most THUMBQ_BUDGET_MS "
+                "(default and maximum: the configured budget).",
+            },
+            "max_items": {
+                "type": "integer",
+                "minimum": 1,
+                "description": "At most this many items; at most THUMBQ_BATCH_SIZE.",
+            },
+        },
+    },
+    "BatchResult": {
+        "type": "object",
+        "required": [
+            "run_id",
+            "processed",
+            "succeeded",
+            "failed",
+            "retried",
+            "skipped",
+            "remaining",
+            "stopped_reason",
+            "duration_ms",
+            "budget_ms",
+            "retry_after_ms",
+        ],
+        "properties": {
+            "run_id": {"type": "integer"},
+            "processed": {"type": "integer"},
+            "succeeded": {"type": "integer"},
+            "failed": {"type": "integer"},
+            "retried": {"type": "integer"},
+            "skipped": {"type": "integer"},
+            "remaining": {"type": "integer"},
+            "stopped_reason": {
+                "type": "string",
+                "enum": ["drained", "time_budget", "rate_limited", "max_items"],
+            },
+            "duration_ms": {"type": "integer"},
+            "budget_ms": {"type": "integer"},
+            "retry_after_ms": {"type": ["integer", "null"]},
+        },
+    },
+    "JobStatus": {
+        "type": "string",
+        "enum": ["pending", "processing", "completed", "failed", "unsupported", "cancelled"],
+    },
+    "Job": {
+        "type": "object",
+        "required": ["id", "group_id", "source_key", "source_etag", "status", "attempts"],
+        "properties": {
+            "id": {"type": "integer"},
+            "group_id": {"type": "string"},
+            "source_key": {"type": "string"},
+            "source_etag": {"type": "string"},
+            "source_bytes": {"type": ["integer", "null"]},
+            "content_type": {"type": ["string", "null"]},
+            "status": _ref("JobStatus"),
+            "attempts": {"type": "integer"},
+            "max_attempts": {"type": "integer"},
+            "error_code": {"type": ["string", "null"]},
+            "last_error": {"type": ["string", "null"]},
+            "thumbnail_key": {"type": ["string", "null"]},
+            "thumbnail_content_type": {"type": ["string", "null"]},
+            "width": {"type": ["integer", "null"]},
+            "height": {"type": ["integer", "null"]},
+            "bytes": {"type": ["integer", "null"]},
+            "duration_ms": {"type": ["integer", "null"]},
+            "msg_id": {"type": ["integer", "null"]},
+            "dlq_msg_id": {"type": ["integer", "null"]},
+            "worker_id": {"type": ["string", "null"]},
+            **{
+                t: {"type": ["string", "null"], "format": "date-time"}
+                for t in (
+                    "lease_expires_at",
+                    "next_attempt_at",
+                    "created_at",
+                    "updated_at",
+                    "started_at",
+                    "completed_at",
+                )
+            },
+        },
+    },
+    "QueueOverview": {
+        "type": "object",
+        "description": "The thumbq.queue_overview view (queue length, visible, in flight, oldest "
+        "message age, DLQ length, jobs by status, bucket tokens) plus the open alerts.",
+        "required": ["alerts"],
+        "properties": {
+            "alerts": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "name": {"type": "string"},
+                        "figure": {},
+                        "threshold": {},
+                        "detail": {},
+                    },
+                },
+            }
+        },
+        "additionalProperties": True,
+    },
+    "Health": {
+        "type": "object",
+        "required": ["status", "database"],
+        "properties": {
+            "status": {"const": "ok"},
+            "database": {"const": "ok"},
+            "database_ms": {"type": "number"},
+        },
+    },
+}
+
+_RETRY_AFTER = {
+    "Retry-After": {
+        "description": "Seconds to wait before trying again.",
+        "schema": {"type": "integer"},
+    }
+}
+
+RESPONSES: dict[str, Any] = {
+    "BadRequest": _json(
+        _ref("Error"),
+        "Bad JSON or fields: invalid_json, invalid_request (unknown, missing, mistyped or "
+        "out-of-range fields, empty or oversized lists), invalid_key, invalid_group_id, "
+        "invalid_job_id.",
+    ),
+    "Unauthorized": _json(
+        _ref("Error"),
+        "Missing or wrong credentials (code unauthorized).",
+        headers={"WWW-Authenticate": {"schema": {"type": "string"}}},
+    ),
+    "NotFound": _json(
+        _ref("Error"), "Unknown route, group (or one the caller may not see) or job."
+    ),
+    "TooLarge": _json(_ref("Error"), f"Request body over {v.MAX_BODY_BYTES} bytes."),
+    "Unavailable": _json(
+        _ref("Error"),
+        "database_unavailable / storage_unavailable (with Retry-After: "
+        f"{RETRY_AFTER_S}), schema_missing, or not_configured (no secret is set, so the "
+        "route is disabled: fail closed).",
+        headers=_RETRY_AFTER,
+    ),
+}
+
+
+def _op(
+    summary: str,
+    responses: dict[str, Any],
+    *,
+    security: list[dict[str, list[str]]] | None = None,
+    body: dict[str, Any] | None = None,
+    parameters: list[dict[str, Any]] | None = None,
+    op_id: str,
+) -> dict[str, Any]:
+    op: dict[str, Any] = {"operationId": op_id, "summary": summary, "responses": responses}
+    op["security"] = security if security is not None else []
+    if body is not None:
+        op["requestBody"] = body
+    if parameters:
+        op["parameters"] = parameters
+    return op
+
+
+def _group_op(op_id: str, summary: str, result_field: str) -> dict[str, Any]:
+    return {
+        "post": _op(
+            summary,
+            {
+                "200": _json(
+                    {
+                        "type": "object",
+                        "required": [result_field],
+                        "properties": {result_field: {"type": "integer"}},
+                    },
+                    "Done.",
+                ),
+                **_BODY_ERRORS,
+                **_ADMIN_ERRORS,
+                "404": _err("NotFound"),
+            },
+            security=ADMIN,
+            body=_body(_ref("GroupRequest")),
+            op_id=op_id,
+        )
+    }
+
+
+PATHS: dict[str, Any] = {
+    "/api/thumbnails/batch-generate": {
+        "post": _op(
+            "Run one time-budgeted batch: claim, render, record, release, report.",
+            {
+                "200": _json(_ref("BatchResult"), "The report of the invocation."),
+                **_BODY_ERRORS,
+                **_ADMIN_ERRORS,
+                "409": _json(
+                    _ref("Error"),
+                    "A batch is already running in this process (batch_in_progress).",
+                    headers=_RETRY_AFTER,
+                ),
+            },
+            security=ADMIN,
+            body=_body(_ref("BatchRequest"), required=False),
+            op_id="batchGenerate",
+        )
+    },
+    "/api/thumbnails/progress": {
+        "get": _op(
+            "Progress of a group: counts, percentage, ETA and when to poll again.",
+            {
+                "200": _json(
+                    _ref("Progress"),
+                    "The group's progress.",
+                    headers={
+                        "ETag": {"description": "Strong validator.", "schema": {"type": "string"}},
+                        "Cache-Control": {"schema": {"const": "no-cache"}},
+                        "X-Poll-After-Ms": {"schema": {"type": "integer"}},
+                    },
+                ),
+                "304": {
+                    "description": "Unchanged since the ETag in If-None-Match; no body.",
+                    "headers": {
+                        "ETag": {"schema": {"type": "string"}},
+                        "X-Poll-After-Ms": {"schema": {"type": "integer"}},
+                    },
+                },
+                "400": _err("BadRequest"),
+                "404": _err("NotFound"),
+                **_ADMIN_ERRORS,
+            },
+            security=READER,
+            parameters=[
+                {
+                    "name": "group_id",
+                    "in": "query",
+                    "required": True,
+                    "schema": GROUP_ID_SCHEMA,
+                },
+                {
+                    "name": "If-None-Match",
+                    "in": "header",
+                    "required": False,
+                    "schema": {"type": "string"},
+                },
+            ],
+            op_id="getProgress",
+        )
+    },
+    "/api/thumbnails/failures": {
+        "get": _op(
+            "A group's most recent failed, unsupported and retrying jobs with their errors "
+            "(for the progress page).",
+            {
+                "200": _json(
+                    {
+                        "type": "object",
+                        "required": ["group_id", "failures"],
+                        "properties": {
+                            "group_id": {"type": "string"},
+                            "failures": {"type": "array", "items": _ref("Job")},
+                        },
+                    },
+                    "Recent failures, newest first.",
+                ),
+                "400": _err("BadRequest"),
+                "404": _err("NotFound"),
+                **_ADMIN_ERRORS,
+            },
+            security=READER,
+            parameters=[
+                {"name": "group_id", "in": "query", "required": True, "schema": GROUP_ID_SCHEMA},
+                {
+                    "name": "limit",
+                    "in": "query",
+                    "required": False,
+                    "schema": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20},
+                },
+            ],
+            op_id="getFailures",
+        )
+    },
+    "/api/thumbnails/enqueue": {
+        "post": _op(
+            "Enqueue object versions (idempotent per key and etag; all or none).",
+            {
+                "202": _json(_ref("EnqueueResult"), "Accepted: counts and job ids."),
+                **_BODY_ERRORS,
+                **_ADMIN_ERRORS,
+            },
+            security=ADMIN,
+            body=_body(_ref("EnqueueRequest")),
+            op_id="enqueue",
+        )
+    },
+    "/api/thumbnails/backfill": {
+        "post": _op(
+            "List storage under a prefix and enqueue every file lacking a thumbnail.",
+            {
+                "202": _json(_ref("BackfillResult"), "Accepted."),
+                **_BODY_ERRORS,
+                **_ADMIN_ERRORS,
+            },
+            security=ADMIN,
+            body=_body(_ref("BackfillRequest")),
+            op_id="backfill",
+        )
+    },
+    "/api/thumbnails/retry-failed": _group_op(
+        "retryFailed", "Queue a group's failed jobs again with fresh attempts.", "requeued"
+    ),
+    "/api/thumbnails/cancel": _group_op(
+        "cancel", "Cancel a group's pending and processing jobs.", "cancelled"
+    ),
+    "/api/thumbnails/cleanup-stale": {
+        "post": _op(
+            "Reset processing jobs whose lease expired.",
+            {
+                "200": _json(
+                    {
+                        "type": "object",
+                        "required": ["reset_count"],
+                        "properties": {"reset_count": {"type": "integer"}},
+                    },
+                    "Done.",
+                ),
+                **_BODY_ERRORS,
+                **_ADMIN_ERRORS,
+            },
+            security=ADMIN,
+            body=_body({"type": "object", "additionalProperties": False}, required=False),
+            op_id="cleanupStale",
+        )
+    },
+    "/api/thumbnails/jobs/{job_id}": {
+        "get": _op(
+            "One job, every column.",
+            {
+                "200": _json(_ref("Job"), "The job."),
+                "400": _err("BadRequest"),
+                "404": _err("NotFound"),
+                **_ADMIN_ERRORS,
+            },
+            security=ADMIN,
+            parameters=[
+                {
+                    "name": "job_id",
+                    "in": "path",
+                    "required": True,
+                    "schema": {"type": "integer", "minimum": 1},
+                }
+            ],
+            op_id="getJob",
+        )
+    },
+    "/api/queues": {
+        "get": _op(
+            "The inspection view as JSON.",
+            {"200": _json(_ref("QueueOverview"), "Queue state and alerts."), **_ADMIN_ERRORS},
+            security=ADMIN,
+            op_id="getQueues",
+        )
+    },
+    "/api/openapi.json": {
+        "get": _op(
+            "This description.",
+            {"200": _json({"type": "object"}, "The OpenAPI 3.1 document.")},
+            op_id="getOpenapi",
+        )
+    },
+    "/healthz": {
+        "get": _op(
+            "Liveness plus a database round trip.",
+            {"200": _json(_ref("Health"), "Alive."), "503": _err("Unavailable")},
+            op_id="healthz",
+        )
+    },
+    "/progress": {
+        "get": _op(
+            "The progress page: polls the progress endpoint, or follows Supabase Realtime.",
+            {
+                "200": {
+                    "description": "An HTML page.",
+                    "content": {"text/html": {"schema": {"type": "string"}}},
+                },
+            },
+            parameters=[
+                {"name": "group_id", "in": "query", "required": False, "schema": GROUP_ID_SCHEMA}
+            ],
+            op_id="progressPage",
+        )
+    },
+}
+
+
+def spec() -> dict[str, Any]:
+    """The whole OpenAPI 3.1 document (a fresh copy)."""
+    paths = copy.deepcopy(PATHS)
+    if importlib.util.find_spec("api.pages") is not None:
+        extra = getattr(importlib.import_module("api.pages"), "openapi_paths", None)
+        if isinstance(extra, dict):
+            paths.update(copy.deepcopy(extra))
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "thumbq",
+            "version": "0.1.0",
+            "description": "Thumbnails for files in object storage, made by short time-budgeted "
+            'batches. Every error is `{"error": {"code", "message"}}`; request bodies are at '
+            f"most {v.MAX_BODY_BYTES} bytes (413 beyond); a wrong method answers 405 with Allow; "
+            "a database outage answers 503 with Retry-After.",
+        },
+        "servers": [{"url": "/"}],
+        "paths": paths,
+        "components": {
+            "schemas": copy.deepcopy(SCHEMAS),
+            "responses": copy.deepcopy(RESPONSES),
+            "securitySchemes": {
+                "adminSecret": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "THUMBQ_CRON_SECRET (or Vercel's CRON_SECRET). Without a "
+                    "configured secret, admin routes answer 503 not_configured.",
+                },
+                "userJwt": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "bearerFormat": "JWT",
+                    "description": "A Supabase user JWT: HS256 with THUMBQ_JWT_SECRET, aud "
+                    "'authenticated', exp and sub required. Row level security decides which "
+                    "groups it can read; others answer 404.",
+                },
+            },
+        },
+    }
+
+
+@bp.get("/api/openapi.json")
+def openapi_json() -> Response:
+    """The OpenAPI description."""
+    return json_response(spec(), headers={"Cache-Control": "public, max-age=300"})

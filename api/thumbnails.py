@@ -1,0 +1,235 @@
+"""The /api/thumbnails routes: translate requests into engine calls and results into JSON."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from flask import Blueprint, Response, current_app, request
+
+from api import validation as v
+from api.auth import require_admin, require_reader
+from api.errors import ApiError, json_response
+from api.state import AppState
+from worker import db
+from worker.queue import Queue
+
+bp = Blueprint("thumbnails", __name__, url_prefix="/api/thumbnails")
+
+# How long a progress poller should wait, from the group's state alone (so that one version of
+# a group is always the same bytes, which a strong ETag promises):
+POLL_RUNNING_MS = 1_000  # jobs are processing: the bar moves every second or so
+POLL_WAITING_MS = 5_000  # jobs wait for the next scheduled batch (up to 5 minutes away)
+POLL_SETTLED_MS = 30_000  # nothing pending or processing: only a new enqueue changes anything
+BATCH_BUSY_RETRY_S = 10
+
+
+def state() -> AppState:
+    """The process-wide resources of the current app."""
+    st: AppState = current_app.extensions["thumbq"]
+    return st
+
+
+def _queue(conn: db.Conn) -> Queue:
+    config = state().config
+    return Queue(conn, bucket=config.rate_bucket, max_attempts=config.max_attempts)
+
+
+def poll_after_ms(row: dict[str, Any]) -> int:
+    """When to poll again: soon while work runs, rarely when the group is settled."""
+    if row["processing"] > 0:
+        return POLL_RUNNING_MS
+    if row["pending"] > 0:
+        return POLL_WAITING_MS
+    return POLL_SETTLED_MS
+
+
+def progress_etag(row: dict[str, Any]) -> str:
+    """A strong validator: the group's version, bumped by every change of its counts, plus a hash
+    of its id and last change (so a re-created group cannot repeat an old tag)."""
+    digest = hashlib.sha256(
+        f"{row['group_id']}\x00{row['updated_at'].isoformat()}".encode()
+    ).hexdigest()[:16]
+    return f"{row['version']}-{digest}"
+
+
+def progress_body(row: dict[str, Any]) -> dict[str, Any]:
+    """The JSON body of the progress endpoint."""
+    pct = row["progress_percentage"]
+    return {
+        "group_id": row["group_id"],
+        "total": row["total"],
+        "pending": row["pending"],
+        "processing": row["processing"],
+        "completed": row["completed"],
+        "failed": row["failed"],
+        "unsupported": row["unsupported"],
+        "cancelled": row["cancelled"],
+        "progress_percentage": float(pct) if pct is not None else 0.0,
+        "estimated_time_remaining_seconds": row["estimated_time_remaining_seconds"],
+        "rate_per_second": row["rate_per_second"],
+        "updated_at": row["updated_at"],
+        "version": row["version"],
+        "poll_after_ms": poll_after_ms(row),
+    }
+
+
+def _group_not_found(group_id: str) -> ApiError:
+    # Also the answer for a group the caller may not see: its existence is not revealed.
+    return ApiError(404, "group_not_found", f"no group {group_id!r}")
+
+
+@bp.get("/progress")
+def progress() -> Response:
+    """Counts, percentage, ETA and when to poll again; 304 while nothing changed."""
+    st = state()
+    who = require_reader(st.config)
+    group_id = v.query_group_id()
+    with st.connection() as conn:
+        if who.is_admin:
+            row = db.one(conn, "progress", {"group_id": group_id})
+        else:
+            with conn.transaction():
+                db.one(conn, "act_as_user", {"claims": json.dumps(who.claims)})
+                row = db.one(conn, "progress", {"group_id": group_id})
+    if row is None:
+        raise _group_not_found(group_id)
+    tag = progress_etag(row)
+    headers = {
+        "ETag": f'"{tag}"',
+        "Cache-Control": "no-cache",
+        "Vary": "Authorization",
+        "X-Poll-After-Ms": str(poll_after_ms(row)),
+    }
+    if request.if_none_match.contains_weak(tag):
+        return Response(status=304, headers=headers)
+    return json_response(progress_body(row), 200, headers)
+
+
+@bp.post("/batch-generate")
+def batch_generate() -> Response:
+    """One time-budgeted batch; the engine's report as JSON."""
+    st = state()
+    config = st.config
+    require_admin(config)
+    body = v.json_body(optional=True)
+    v.check_fields(body, optional=("budget_ms", "max_items"))
+    budget_ms = None
+    if body.get("budget_ms") is not None:
+        budget_ms = v.int_in_range(
+            body["budget_ms"], "budget_ms", v.MIN_BUDGET_MS, config.budget_ms
+        )
+    max_items = None
+    if body.get("max_items") is not None:
+        max_items = v.int_in_range(body["max_items"], "max_items", 1, config.batch_size)
+    # One batch at a time per process: they would share (and fight over) the render processes.
+    if not st.batch_lock.acquire(blocking=False):
+        raise ApiError(
+            409,
+            "batch_in_progress",
+            "a batch is already running in this process; try again when it ends",
+            {"Retry-After": str(BATCH_BUSY_RETRY_S)},
+        )
+    try:
+        from worker.batch import run_batch
+
+        with st.dedicated_connection() as conn:
+            result = run_batch(
+                config,
+                conn,
+                st.storage(),
+                st.render_pool(),
+                budget_ms=budget_ms,
+                max_items=max_items,
+            )
+    finally:
+        st.batch_lock.release()
+    return json_response(result.response())
+
+
+@bp.post("/enqueue")
+def enqueue() -> Response:
+    """Enqueue object versions; all or none (one statement after every item is validated)."""
+    st = state()
+    require_admin(st.config)
+    items = v.enqueue_items(v.json_body())
+    from worker.service import enqueue as enqueue_items
+
+    with st.connection() as conn:
+        result = enqueue_items(conn, st.storage(), st.config, items)
+    return json_response(result, 202)
+
+
+@bp.post("/backfill")
+def backfill() -> Response:
+    """List storage under a prefix and enqueue every file lacking a thumbnail."""
+    st = state()
+    require_admin(st.config)
+    body = v.json_body()
+    v.check_fields(body, required=("prefix",), optional=("group_id",))
+    prefix = v.key_prefix(body["prefix"])
+    group_id = v.group_id(body["group_id"]) if body.get("group_id") is not None else "default"
+    from worker.service import backfill as backfill_prefix
+
+    with st.connection() as conn:
+        result = backfill_prefix(conn, st.storage(), st.config, prefix, group_id)
+    return json_response(result, 202)
+
+
+def _group_body() -> str:
+    body = v.json_body()
+    v.check_fields(body, required=("group_id",))
+    return v.group_id(body["group_id"])
+
+
+@bp.post("/retry-failed")
+def retry_failed() -> Response:
+    """Queue a group's failed jobs again with fresh attempts."""
+    st = state()
+    require_admin(st.config)
+    group_id = _group_body()
+    with st.connection() as conn:
+        queue = _queue(conn)
+        n = queue.retry_failed(group_id)
+        if n == 0 and queue.progress(group_id) is None:
+            raise _group_not_found(group_id)
+    return json_response({"requeued": n})
+
+
+@bp.post("/cancel")
+def cancel() -> Response:
+    """Cancel a group's pending and processing jobs."""
+    st = state()
+    require_admin(st.config)
+    group_id = _group_body()
+    with st.connection() as conn:
+        queue = _queue(conn)
+        n = queue.cancel(group_id)
+        if n == 0 and queue.progress(group_id) is None:
+            raise _group_not_found(group_id)
+    return json_response({"cancelled": n})
+
+
+@bp.post("/cleanup-stale")
+def cleanup_stale() -> Response:
+    """Reset `processing` jobs whose lease expired."""
+    st = state()
+    require_admin(st.config)
+    v.check_fields(v.json_body(optional=True))
+    with st.connection() as conn:
+        n = _queue(conn).reap_stale()
+    return json_response({"reset_count": n})
+
+
+@bp.get("/jobs/<job_id>")
+def job(job_id: str) -> Response:
+    """One job, every column."""
+    st = state()
+    require_admin(st.config)
+    jid = v.job_id(job_id)
+    with st.connection() as conn:
+        row = _queue(conn).job(jid)
+    if row is None:
+        raise ApiError(404, "job_not_found", f"no job {jid}")
+    return json_response(row)

@@ -82,7 +82,7 @@ def test_every_bad_input_ends_right_and_no_run_overruns(
             assert job["thumbnail_key"] == thumbnail_key(
                 f"corpus/{name}", job["source_etag"], 512, "webp"
             )
-            data, info = storage.get(job["thumbnail_key"])
+            data, _ = storage.get(job["thumbnail_key"])
             assert data[:4] == b"RIFF" and data[8:12] == b"WEBP", name
             assert max(job["width"], job["height"]) <= 512
         else:

@@ -81,7 +81,7 @@ def connect(url: str, *, connect_timeout: int = 5, application_name: str = "thum
 def run(conn: Conn, name: str, params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """Run the named query and return its rows."""
     with conn.cursor() as cur:
-        cur.execute(queries()[name], params or {})  # type: ignore[arg-type]
+        cur.execute(queries()[name], params or {})
         return cur.fetchall() if cur.description else []
 
 
@@ -109,7 +109,7 @@ def ensure_pgmq(conn: Conn) -> str:
     # The SQL-only install cannot run twice (its types would exist): guarded by the check above.
     from pgmq.install import get_embedded_install_sql, install_pgmq_sql
 
-    install_pgmq_sql(get_embedded_install_sql(), conn=conn)
+    install_pgmq_sql(get_embedded_install_sql(), conn=conn)  # type: ignore[arg-type]
     return "sql"
 
 

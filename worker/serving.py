@@ -20,6 +20,7 @@ class ServerThread:
     ) -> None:
         from waitress.server import create_server
 
+        self.app = app
         # Binds and listens here, so the port is known (and taken) before start().
         self.server: Any = create_server(
             app,

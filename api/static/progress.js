@@ -1,0 +1,390 @@
+// The thumbq progress page: polls GET /api/thumbnails/progress honouring poll_after_ms and its
+// ETag, or follows the group's row with Supabase Realtime when configured, falling back to
+// polling when that fails. Job data is only ever written with textContent, never as HTML.
+(function () {
+  "use strict";
+
+  const KEY_STORE = "thumbq.key";
+  const MIN_POLL_MS = 250;
+  const MAX_POLL_MS = 60000;
+  const ERROR_BACKOFF_MS = [1000, 2000, 4000, 8000, 15000, 30000, 60000];
+  // With Realtime live, polling is only a backstop for missed or undelivered events.
+  const REALTIME_BACKSTOP_MS = 15000;
+  const REALTIME_FETCH_GAP_MS = 300;
+  const FAILURES_LIMIT = 20;
+
+  let cfg = {};
+  try {
+    cfg = JSON.parse(document.getElementById("thumbq-config").textContent || "{}");
+  } catch (e) {
+    cfg = {};
+  }
+  const apiBase = String(cfg.api_base || "").replace(/\/+$/, "");
+  const groupId = new URLSearchParams(location.search).get("group_id");
+
+  const $ = (id) => document.getElementById(id);
+  const state = {
+    etag: null,
+    pollAfterMs: 1000,
+    timer: null,
+    inFlight: false,
+    errors: 0,
+    last: null,
+    failuresSig: null,
+    realtime: "off", // off | connecting | live | failed
+    lastRealtimeFetch: 0,
+    stopped: false,
+  };
+
+  // -- the access key (admin secret or a user's JWT), per tab --------------------------------
+
+  function takeKeyFromFragment() {
+    // `#key=...` lets `thumbq up` print one link; the fragment never reaches a server.
+    const hash = new URLSearchParams(location.hash.replace(/^#/, ""));
+    const key = hash.get("key");
+    if (key) {
+      sessionStorage.setItem(KEY_STORE, key);
+      history.replaceState(null, "", location.pathname + location.search);
+    }
+  }
+  const getKey = () => sessionStorage.getItem(KEY_STORE) || "";
+  const looksLikeJwt = (k) => /^[\w-]+\.[\w-]+\.[\w-]+$/.test(k);
+
+  function authHeaders() {
+    const key = getKey();
+    return key ? { Authorization: "Bearer " + key } : {};
+  }
+
+  function askForKey(why) {
+    $("key-form").hidden = false;
+    showMessage(why);
+    $("key-input").focus();
+  }
+
+  // -- rendering ---------------------------------------------------------------------------
+
+  function showMessage(text) {
+    const el = $("message");
+    el.textContent = text || "";
+    el.hidden = !text;
+  }
+
+  function setMode(text, kind) {
+    const el = $("mode");
+    el.textContent = text;
+    el.className = "mode" + (kind ? " " + kind : "");
+  }
+
+  function fmtDuration(s) {
+    if (s === null || s === undefined) return "unknown";
+    if (s <= 0) return "done";
+    if (s < 60) return Math.ceil(s) + " s";
+    if (s < 3600) return Math.floor(s / 60) + " min " + Math.round(s % 60) + " s";
+    return Math.floor(s / 3600) + " h " + Math.round((s % 3600) / 60) + " min";
+  }
+
+  function fmtAgo(iso) {
+    const t = Date.parse(iso);
+    if (Number.isNaN(t)) return "";
+    const s = Math.max(0, Math.round((Date.now() - t) / 1000));
+    return s < 60 ? s + " s ago" : Math.round(s / 60) + " min ago";
+  }
+
+  function render(p) {
+    const pct = Math.max(0, Math.min(100, Number(p.progress_percentage) || 0));
+    const done = p.total - p.pending - p.processing;
+    $("bar-fill").style.width = pct + "%";
+    document.querySelector(".bar").setAttribute("aria-valuenow", String(pct));
+    $("percent").textContent = (pct === 100 ? "100" : pct.toFixed(1)) + "%";
+    $("done-of-total").textContent = done + " of " + p.total + " files";
+    const eta = p.estimated_time_remaining_seconds;
+    $("eta").textContent =
+      p.pending + p.processing === 0 ? "finished" : "ETA " + fmtDuration(eta);
+    for (const s of ["completed", "failed", "unsupported", "cancelled", "processing", "pending"]) {
+      $("count-" + s).textContent = String(p[s] ?? 0);
+    }
+    $("updated").textContent = p.updated_at ? "last change " + fmtAgo(p.updated_at) : "";
+    $("retry").disabled = !(p.failed > 0);
+    document.title = pct.toFixed(0) + "% - thumbq " + p.group_id;
+  }
+
+  function renderFailures(rows) {
+    const body = $("failures-body");
+    body.replaceChildren();
+    for (const f of rows) {
+      const tr = document.createElement("tr");
+      const key = document.createElement("td");
+      key.className = "key";
+      key.textContent = f.source_key;
+      const status = document.createElement("td");
+      status.textContent = f.status;
+      const err = document.createElement("td");
+      const code = document.createElement("span");
+      code.className = "code " + String(f.error_code || "").replace(/[^\w-]/g, "");
+      code.textContent = f.error_code || "";
+      const msg = document.createElement("div");
+      msg.className = "error-message";
+      msg.textContent = f.last_error || "";
+      err.append(code, msg);
+      const attempts = document.createElement("td");
+      attempts.className = "attempts";
+      attempts.textContent = f.attempts + " / " + f.max_attempts;
+      const when = document.createElement("td");
+      when.className = "when";
+      when.dataset.at = f.updated_at;
+      when.textContent = fmtAgo(f.updated_at);
+      tr.append(key, status, err, attempts, when);
+      body.append(tr);
+    }
+    $("failures-table").hidden = rows.length === 0;
+    $("failures-empty").hidden = rows.length > 0;
+  }
+
+  // -- polling ------------------------------------------------------------------------------
+
+  function schedule(ms) {
+    clearTimeout(state.timer);
+    if (state.stopped) return;
+    state.timer = setTimeout(poll, Math.max(MIN_POLL_MS, Math.min(MAX_POLL_MS, ms)));
+  }
+
+  function nextDelay() {
+    const ms = state.pollAfterMs;
+    return state.realtime === "live" ? Math.max(ms, REALTIME_BACKSTOP_MS) : ms;
+  }
+
+  async function poll() {
+    if (state.inFlight || state.stopped) return;
+    if (document.hidden) return; // resumed by visibilitychange
+    state.inFlight = true;
+    let resp;
+    try {
+      const headers = { Accept: "application/json", ...authHeaders() };
+      if (state.etag) headers["If-None-Match"] = state.etag;
+      resp = await fetch(
+        apiBase + "/api/thumbnails/progress?group_id=" + encodeURIComponent(groupId),
+        { headers, cache: "no-store" }
+      );
+    } catch (e) {
+      state.inFlight = false;
+      return backOff(null, "cannot reach the server");
+    }
+    state.inFlight = false;
+    const hinted = Number(resp.headers.get("X-Poll-After-Ms"));
+    if (resp.status === 304) {
+      state.errors = 0;
+      if (hinted > 0) state.pollAfterMs = hinted;
+      modeForPolling();
+      return schedule(nextDelay());
+    }
+    if (resp.status === 200) {
+      const p = await resp.json();
+      state.errors = 0;
+      state.etag = resp.headers.get("ETag");
+      state.pollAfterMs = Number(p.poll_after_ms) || hinted || 1000;
+      state.last = p;
+      showMessage("");
+      $("key-form").hidden = true;
+      render(p);
+      modeForPolling();
+      refreshFailures(p);
+      return schedule(nextDelay());
+    }
+    if (resp.status === 401 || resp.status === 403) {
+      state.etag = null;
+      setMode("needs a key", "offline");
+      return askForKey(await errorText(resp, "this page needs the admin secret or a token"));
+    }
+    if (resp.status === 404) {
+      state.etag = null;
+      showMessage("No group " + JSON.stringify(groupId) + " (or you may not see it); retrying.");
+      setMode("waiting for the group", "");
+      return schedule(30000);
+    }
+    return backOff(resp, await errorText(resp, "the server answered " + resp.status));
+  }
+
+  function backOff(resp, why) {
+    const step = ERROR_BACKOFF_MS[Math.min(state.errors, ERROR_BACKOFF_MS.length - 1)];
+    state.errors += 1;
+    const retryAfter = resp ? Number(resp.headers.get("Retry-After")) * 1000 : 0;
+    const ms = Math.max(step, retryAfter || 0);
+    setMode("offline, retrying in " + Math.round(ms / 1000) + " s", "offline");
+    showMessage(why);
+    schedule(ms);
+  }
+
+  function modeForPolling() {
+    if (state.realtime === "live") setMode("live (Realtime)", "live");
+    else setMode("polling every " + (state.pollAfterMs / 1000).toFixed(1) + " s", "");
+  }
+
+  async function errorText(resp, fallback) {
+    try {
+      const body = await resp.json();
+      return (body && body.error && body.error.message) || fallback;
+    } catch (e) {
+      return fallback;
+    }
+  }
+
+  // -- failures and retry -------------------------------------------------------------------
+
+  async function refreshFailures(p) {
+    // Only when something that can add or clear a failure moved.
+    const sig = [p.failed, p.unsupported, p.pending, p.processing, p.total].join(",");
+    if (sig === state.failuresSig) return;
+    state.failuresSig = sig;
+    try {
+      const resp = await fetch(
+        apiBase +
+          "/api/thumbnails/failures?group_id=" +
+          encodeURIComponent(groupId) +
+          "&limit=" +
+          FAILURES_LIMIT,
+        { headers: { Accept: "application/json", ...authHeaders() }, cache: "no-store" }
+      );
+      if (!resp.ok) {
+        state.failuresSig = null; // try again with the next progress answer
+        return;
+      }
+      const body = await resp.json();
+      renderFailures(body.failures || []);
+    } catch (e) {
+      state.failuresSig = null;
+    }
+  }
+
+  async function retryFailed() {
+    const key = getKey();
+    if (!key) return askForKey("Retrying needs the admin secret.");
+    $("retry").disabled = true;
+    $("retry-result").textContent = "Retrying...";
+    try {
+      const resp = await fetch(apiBase + "/api/thumbnails/retry-failed", {
+        method: "POST",
+        headers: { "Content-Type": "application/json", ...authHeaders() },
+        body: JSON.stringify({ group_id: groupId }),
+        cache: "no-store",
+      });
+      if (resp.ok) {
+        const body = await resp.json();
+        $("retry-result").textContent = body.requeued + " job(s) queued again.";
+      } else if (resp.status === 401 || resp.status === 403) {
+        $("retry-result").textContent = "";
+        askForKey(await errorText(resp, "retrying needs the admin secret"));
+      } else {
+        $("retry-result").textContent = await errorText(resp, "retry failed: " + resp.status);
+      }
+    } catch (e) {
+      $("retry-result").textContent = "cannot reach the server";
+    }
+    state.failuresSig = null;
+    poll();
+  }
+
+  // -- Supabase Realtime (optional) ---------------------------------------------------------
+
+  async function startRealtime() {
+    if (!cfg.supabase_url || !cfg.supabase_anon_key || !cfg.supabase_js_url) return;
+    setRealtime("connecting");
+    let mod;
+    try {
+      mod = await import(cfg.supabase_js_url);
+    } catch (e) {
+      return realtimeFailed("could not load supabase-js");
+    }
+    try {
+      const client = mod.createClient(cfg.supabase_url, cfg.supabase_anon_key, {
+        auth: { persistSession: false, autoRefreshToken: false },
+      });
+      const key = getKey();
+      // Realtime applies RLS with the user's JWT; the admin secret is no JWT and is not sent.
+      if (looksLikeJwt(key)) client.realtime.setAuth(key);
+      client
+        .channel("thumbq-group-" + groupId)
+        .on(
+          "postgres_changes",
+          { event: "*", schema: "thumbq", table: "groups", filter: "group_id=eq." + groupId },
+          onRealtimeChange
+        )
+        .subscribe((status) => {
+          if (status === "SUBSCRIBED") {
+            setRealtime("live");
+            modeForPolling();
+            schedule(nextDelay());
+          } else if (status === "CHANNEL_ERROR" || status === "TIMED_OUT" || status === "CLOSED") {
+            realtimeFailed("Realtime " + status.toLowerCase());
+          }
+        });
+    } catch (e) {
+      realtimeFailed("Realtime failed");
+    }
+  }
+
+  function setRealtime(value) {
+    state.realtime = value;
+    document.body.dataset.realtime = value; // for people and tests inspecting the page
+  }
+
+  function realtimeFailed(why) {
+    setRealtime("failed");
+    setMode("polling (" + why + ")", "");
+    // Back to the endpoint's own cadence at once.
+    schedule(0);
+  }
+
+  function onRealtimeChange() {
+    // The event says the row changed; the endpoint gives the same shape as polling (with ETA).
+    const now = Date.now();
+    const wait = Math.max(0, state.lastRealtimeFetch + REALTIME_FETCH_GAP_MS - now);
+    state.lastRealtimeFetch = now + wait;
+    schedule(wait);
+  }
+
+  // -- start --------------------------------------------------------------------------------
+
+  function start() {
+    takeKeyFromFragment();
+    $("key-form").addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      const key = $("key-input").value.trim();
+      if (!key) return;
+      sessionStorage.setItem(KEY_STORE, key);
+      $("key-input").value = "";
+      $("key-form").hidden = true;
+      showMessage("");
+      state.etag = null;
+      state.failuresSig = null;
+      poll();
+    });
+    if (!groupId) {
+      $("group-form").hidden = false;
+      $("summary").hidden = true;
+      $("failures").hidden = true;
+      return;
+    }
+    $("group-id").textContent = groupId;
+    $("retry").addEventListener("click", retryFailed);
+    // Relative times ("12 s ago") age between answers too.
+    setInterval(() => {
+      if (state.last && state.last.updated_at) {
+        $("updated").textContent = "last change " + fmtAgo(state.last.updated_at);
+      }
+      for (const td of document.querySelectorAll("td.when")) td.textContent = fmtAgo(td.dataset.at);
+    }, 5000);
+    document.addEventListener("visibilitychange", () => {
+      if (!document.hidden) poll();
+    });
+    if (!getKey()) {
+      setMode("needs a key", "offline");
+      askForKey("Enter the admin secret (or a Supabase access token) to see this group.");
+    } else {
+      poll();
+    }
+    startRealtime();
+  }
+
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
+  else start();
+})();

@@ -1,0 +1,254 @@
+"""The progress page in a real browser (Debian's chromium, headless, through chromedriver)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.liveapp import call, put_samples, wait_until
+from tests.pgbouncer import free_port
+from worker import db
+from worker.batch import render_options, run_batch
+from worker.config import Config
+from worker.queue import Queue
+from worker.service import enqueue
+from worker.serving import ServerThread
+from worker.storage import open_storage
+
+SECRET = "progress-page-secret-0123456789"
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+# THUMBQ_UPDATE_SCREENSHOT=1 copies the final state of the page here, for the README.
+SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "progress.png"
+# A file whose key looks like markup: the page must show it as text.
+HOSTILE_KEY = "uploads/<img src=x onerror=window.pwned=1>.jpg"
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
+        pytest.skip("chromium and chromium-driver are not installed")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    profile = tempfile.mkdtemp(prefix="thumbq-chromium-")
+    opts = Options()
+    opts.binary_location = CHROMIUM
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--hide-scrollbars",
+        "--window-size=1000,900",
+        f"--user-data-dir={profile}",
+    ):
+        opts.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def _record(app: Any) -> list[tuple[str, str | None, int]]:
+    """Record (path, If-None-Match, status) of every request the app answers."""
+    seen: list[tuple[str, str | None, int]] = []
+    inner = app.wsgi_app
+
+    def wsgi(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        def start(status: str, headers: Any, exc_info: Any = None) -> Any:
+            seen.append((environ["PATH_INFO"], environ.get("HTTP_IF_NONE_MATCH"), int(status[:3])))
+            return start_response(status, headers, exc_info)
+
+        return inner(environ, start)
+
+    app.wsgi_app = wsgi
+    return seen
+
+
+def _drain_in_background(config: Config, group: str, stop: threading.Event) -> threading.Thread:
+    """Run real batches, a little apart so that the page sees the bar move, until settled."""
+    from worker.render.process import RenderPool
+
+    def work() -> None:
+        storage = open_storage(config)
+        with (
+            db.connect(db.database_url(config)) as conn,
+            RenderPool(render_options(config), config.concurrency, config.render_memory_mb) as pool,
+        ):
+            q = Queue(conn)
+            while not stop.is_set():
+                run_batch(config, conn, storage, pool)
+                p = q.progress(group) or {}
+                if p.get("pending", 0) + p.get("processing", 0) == 0:
+                    return
+                # Apart enough that a page polling every 5 s while work waits sees it move.
+                stop.wait(1.2)
+
+    t = threading.Thread(target=work, name="batches", daemon=True)
+    t.start()
+    return t
+
+
+def test_progress_page_follows_batches_to_100_percent_and_lists_failures(
+    browser: Any, tmp_path: Path, db_url: str
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    config = Config.from_env(
+        {
+            "THUMBQ_HOME": str(tmp_path / "home"),
+            "DATABASE_URL": db_url,
+            "THUMBQ_STORAGE_URL": (tmp_path / "storage").as_uri(),
+            "THUMBQ_CONCURRENCY": "2",
+            "THUMBQ_CRON_SECRET": SECRET,
+            "THUMBQ_BUDGET_MS": "3000",
+            "THUMBQ_BUFFER_MS": "500",
+            "THUMBQ_BATCH_SIZE": "3",
+            # Realtime configured, but supabase-js cannot be loaded: the page must poll instead.
+            "SUPABASE_URL": "https://project-ref.supabase.co",
+            "SUPABASE_ANON_KEY": "anon-key-for-the-test",
+        }
+    )
+    storage = open_storage(config)
+    group = "event-2026-spring"
+    items = put_samples(storage, "slides/", good=18, broken=2)
+    bad = storage.put(HOSTILE_KEY, b"\xff\xd8\xff\xe0 not really a jpeg", "image/jpeg")
+    items.append({"source_key": HOSTILE_KEY, "etag": bad.etag, "content_type": "image/jpeg"})
+    with db.connect(db_url) as conn:
+        enqueue(conn, storage, config, items, group)
+
+    from api import create_app
+
+    app = create_app(config)
+    app.config["THUMBQ_SUPABASE_JS_URL"] = f"http://127.0.0.1:{free_port()}/supabase-js.mjs"
+    seen = _record(app)
+    stop = threading.Event()
+    server = ServerThread(app).start()
+    try:
+        page = f"{server.url}/progress?group_id={group}"
+        status, _, headers = call("GET", page)
+        assert status == 200 and "script-src 'self'" in headers["Content-Security-Policy"]
+
+        # The secret comes in the fragment (never sent to the server) and moves to sessionStorage.
+        browser.get(f"{page}#key={SECRET}")
+        wait_until(lambda: browser.find_element(By.ID, "done-of-total").text == "0 of 21 files", 10)
+        assert browser.execute_script("return location.hash") == ""
+        assert browser.execute_script("return sessionStorage.getItem('thumbq.key')") == SECRET
+        wait_until(
+            lambda: (
+                browser.find_element(By.TAG_NAME, "body").get_attribute("data-realtime") == "failed"
+            ),
+            10,
+        )
+        # Coming back to the tab polls at once, with the ETag: nothing changed, so 304.
+        browser.execute_script("document.dispatchEvent(new Event('visibilitychange'))")
+        wait_until(lambda: any(s == 304 for _, _, s in seen), 5)
+
+        worker = _drain_in_background(config, group, stop)
+        bar = browser.find_element(By.CSS_SELECTOR, ".bar")
+        values: list[float] = []
+
+        def full() -> bool:
+            values.append(float(bar.get_attribute("aria-valuenow") or 0))
+            return values[-1] == 100
+
+        wait_until(full, 40, 0.05)
+        worker.join(10)
+        assert any(0 < v < 100 for v in values), "the bar jumped straight to 100%"
+        assert browser.find_element(By.ID, "percent").text == "100%"
+        assert browser.find_element(By.ID, "count-completed").text == "18"
+        assert browser.find_element(By.ID, "count-failed").text == "3"
+        assert browser.find_element(By.ID, "eta").text == "finished"
+
+        rows = wait_until(
+            lambda: (
+                (r := browser.find_elements(By.CSS_SELECTOR, "#failures-body tr"))
+                and len(r) == 3
+                and r
+            ),
+            10,
+        )
+        text = "\n".join(r.text for r in rows)
+        assert "corrupt_input" in text
+        assert HOSTILE_KEY in text  # shown as text ...
+        assert browser.find_elements(By.CSS_SELECTOR, "#failures-body img") == []  # ... not markup
+        assert browser.execute_script("return window.pwned === undefined")
+
+        progress_requests = [r for r in seen if r[0] == "/api/thumbnails/progress"]
+        assert all(inm for _, inm, _ in progress_requests[1:])
+        assert {s for _, _, s in progress_requests} <= {200, 304}
+
+        # Retry failed: the button posts with the kept secret; the group goes back to work.
+        browser.find_element(By.ID, "retry").click()
+        wait_until(
+            lambda: browser.find_element(By.ID, "retry-result").text == "3 job(s) queued again.", 10
+        )
+        wait_until(lambda: browser.find_element(By.ID, "count-pending").text == "3", 10)
+        assert float(bar.get_attribute("aria-valuenow") or 0) < 100
+        worker = _drain_in_background(config, group, stop)
+        wait_until(lambda: browser.find_element(By.ID, "percent").text == "100%", 20)
+        worker.join(10)
+        wait_until(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#failures-body tr")) == 3, 5)
+        browser.execute_script("document.getElementById('retry-result').textContent = ''")
+        browser.set_window_size(1000, 780)
+        time.sleep(0.5)  # the bar's width transition
+        shot = tmp_path / "progress.png"
+        assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+        # The README's picture is refreshed on request only: a test run leaves the tree clean.
+        if os.environ.get("THUMBQ_UPDATE_SCREENSHOT") == "1":
+            shutil.copyfile(shot, SCREENSHOT)
+    finally:
+        stop.set()
+        server.close()
+        app.extensions["thumbq"].close()
+
+
+def test_progress_page_asks_for_the_key_and_shows_no_group_without_one(
+    browser: Any, tmp_path: Path, db_url: str
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    config = Config.from_env(
+        {
+            "THUMBQ_HOME": str(tmp_path / "home"),
+            "DATABASE_URL": db_url,
+            "THUMBQ_STORAGE_URL": (tmp_path / "storage").as_uri(),
+            "THUMBQ_CRON_SECRET": SECRET,
+        }
+    )
+    from api import create_app
+
+    app = create_app(config)
+    server = ServerThread(app).start()
+    try:
+        browser.get(f"{server.url}/progress")
+        assert browser.find_element(By.ID, "group-form").is_displayed()
+        browser.get(f"{server.url}/progress?group_id=nothing-here")
+        form = browser.find_element(By.ID, "key-form")
+        assert form.is_displayed()
+        browser.find_element(By.ID, "key-input").send_keys("not-the-secret")
+        browser.find_element(By.CSS_SELECTOR, "#key-form button").click()
+        wait_until(lambda: "not the admin secret" in browser.find_element(By.ID, "message").text, 5)
+        browser.find_element(By.ID, "key-input").send_keys(SECRET)
+        browser.find_element(By.CSS_SELECTOR, "#key-form button").click()
+        wait_until(lambda: "No group" in browser.find_element(By.ID, "message").text, 5)
+        assert not form.is_displayed()
+    finally:
+        server.close()
+        app.extensions["thumbq"].close()

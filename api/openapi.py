@@ -410,24 +410,69 @@ def _group_op(op_id: str, summary: str, result_field: str) -> dict[str, Any]:
     }
 
 
+_CRON_GET = " GET is for Vercel Cron, which calls its path with GET and no body."
+
+
+def _batch_op(method: str) -> dict[str, Any]:
+    get = method == "get"
+    return _op(
+        "Run one time-budgeted batch: claim, render, record, release, report."
+        + (_CRON_GET + " budget_ms and max_items come from the query string." if get else ""),
+        {
+            "200": _json(_ref("BatchResult"), "The report of the invocation."),
+            **_BODY_ERRORS,
+            **_ADMIN_ERRORS,
+            "409": _json(
+                _ref("Error"),
+                "A batch is already running in this process (batch_in_progress).",
+                headers=_RETRY_AFTER,
+            ),
+        },
+        security=ADMIN,
+        body=None if get else _body(_ref("BatchRequest"), required=False),
+        parameters=[
+            {
+                "name": name,
+                "in": "query",
+                "required": False,
+                "schema": SCHEMAS["BatchRequest"]["properties"][name],
+            }
+            for name in ("budget_ms", "max_items")
+        ]
+        if get
+        else None,
+        op_id="batchGenerateCron" if get else "batchGenerate",
+    )
+
+
+def _cleanup_op(method: str) -> dict[str, Any]:
+    get = method == "get"
+    return _op(
+        "Reset processing jobs whose lease expired." + (_CRON_GET if get else ""),
+        {
+            "200": _json(
+                {
+                    "type": "object",
+                    "required": ["reset_count"],
+                    "properties": {"reset_count": {"type": "integer"}},
+                },
+                "Done.",
+            ),
+            **_BODY_ERRORS,
+            **_ADMIN_ERRORS,
+        },
+        security=ADMIN,
+        body=None
+        if get
+        else _body({"type": "object", "additionalProperties": False}, required=False),
+        op_id="cleanupStaleCron" if get else "cleanupStale",
+    )
+
+
 PATHS: dict[str, Any] = {
     "/api/thumbnails/batch-generate": {
-        "post": _op(
-            "Run one time-budgeted batch: claim, render, record, release, report.",
-            {
-                "200": _json(_ref("BatchResult"), "The report of the invocation."),
-                **_BODY_ERRORS,
-                **_ADMIN_ERRORS,
-                "409": _json(
-                    _ref("Error"),
-                    "A batch is already running in this process (batch_in_progress).",
-                    headers=_RETRY_AFTER,
-                ),
-            },
-            security=ADMIN,
-            body=_body(_ref("BatchRequest"), required=False),
-            op_id="batchGenerate",
-        )
+        "post": _batch_op("post"),
+        "get": _batch_op("get"),
     },
     "/api/thumbnails/progress": {
         "get": _op(
@@ -537,24 +582,8 @@ PATHS: dict[str, Any] = {
         "cancel", "Cancel a group's pending and processing jobs.", "cancelled"
     ),
     "/api/thumbnails/cleanup-stale": {
-        "post": _op(
-            "Reset processing jobs whose lease expired.",
-            {
-                "200": _json(
-                    {
-                        "type": "object",
-                        "required": ["reset_count"],
-                        "properties": {"reset_count": {"type": "integer"}},
-                    },
-                    "Done.",
-                ),
-                **_BODY_ERRORS,
-                **_ADMIN_ERRORS,
-            },
-            security=ADMIN,
-            body=_body({"type": "object", "additionalProperties": False}, required=False),
-            op_id="cleanupStale",
-        )
+        "post": _cleanup_op("post"),
+        "get": _cleanup_op("get"),
     },
     "/api/thumbnails/jobs/{job_id}": {
         "get": _op(

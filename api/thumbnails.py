@@ -107,13 +107,21 @@ def progress() -> Response:
     return json_response(progress_body(row), 200, headers)
 
 
-@bp.post("/batch-generate")
+def _cron_params() -> dict[str, Any]:
+    # Vercel Cron invokes its path with GET and no body: the same options then come from the
+    # query string.
+    if request.method == "GET":
+        return v.query_ints()
+    return v.json_body(optional=True)
+
+
+@bp.route("/batch-generate", methods=["POST", "GET"])
 def batch_generate() -> Response:
     """One time-budgeted batch; the engine's report as JSON."""
     st = state()
     config = st.config
     require_admin(config)
-    body = v.json_body(optional=True)
+    body = _cron_params()
     v.check_fields(body, optional=("budget_ms", "max_items"))
     budget_ms = None
     if body.get("budget_ms") is not None:
@@ -211,12 +219,12 @@ def cancel() -> Response:
     return json_response({"cancelled": n})
 
 
-@bp.post("/cleanup-stale")
+@bp.route("/cleanup-stale", methods=["POST", "GET"])
 def cleanup_stale() -> Response:
     """Reset `processing` jobs whose lease expired."""
     st = state()
     require_admin(st.config)
-    v.check_fields(v.json_body(optional=True))
+    v.check_fields(_cron_params())
     with st.connection() as conn:
         n = _queue(conn).reap_stale()
     return json_response({"reset_count": n})

@@ -160,6 +160,20 @@ def enqueue_items(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def query_ints() -> dict[str, Any]:
+    """The query string as {name: int}; each parameter given once, as a decimal integer."""
+    out: dict[str, Any] = {}
+    for name in request.args:
+        values = request.args.getlist(name)
+        if len(values) > 1:
+            raise bad_request(f"give the {name} query parameter once")
+        raw = values[0]
+        if not raw.isascii() or not raw.lstrip("-").isdigit() or len(raw) > 20:
+            raise bad_request(f"{name} must be an integer, got {raw[:40]!r}")
+        out[name] = int(raw)
+    return out
+
+
 def query_group_id() -> str:
     """The `group_id` query parameter, given exactly once."""
     values = request.args.getlist("group_id")

@@ -545,13 +545,33 @@ def test_admin_routes_fail_closed_without_a_configured_secret(config: Config) ->
     app.extensions["thumbq"].close()
 
 
-def test_vercel_cron_secret_is_accepted_as_the_admin_secret(db_url: str, tmp_path: Path) -> None:
+def test_vercel_cron_calls_with_get_and_its_cron_secret(db_url: str, tmp_path: Path) -> None:
     config = Config.from_env(
-        {"THUMBQ_HOME": str(tmp_path), "DATABASE_URL": db_url, "CRON_SECRET": "from-vercel"}
+        {
+            "THUMBQ_HOME": str(tmp_path),
+            "DATABASE_URL": db_url,
+            "THUMBQ_STORAGE_URL": (tmp_path / "storage").as_uri(),
+            "CRON_SECRET": "from-vercel",
+        }
     )
     app = create_app(config)
-    resp = app.test_client().post("/api/thumbnails/cleanup-stale", headers=bearer("from-vercel"))
-    assert resp.status_code == 200
+    client = app.test_client()
+    cron = bearer("from-vercel")
+    resp = client.get("/api/thumbnails/batch-generate", headers=cron)
+    assert resp.status_code == 200 and resp.get_json()["stopped_reason"] == "drained"
+    resp = client.get("/api/thumbnails/batch-generate?budget_ms=3000&max_items=2", headers=cron)
+    assert resp.status_code == 200 and resp.get_json()["budget_ms"] == 3000
+    assert client.get("/api/thumbnails/cleanup-stale", headers=cron).get_json() == {
+        "reset_count": 0
+    }
+    for query, code in (
+        ("budget_ms=abc", "invalid_request"),
+        ("budget_ms=1", "invalid_request"),
+        ("budget_ms=3000&budget_ms=4000", "invalid_request"),
+        ("force=1", "invalid_request"),
+    ):
+        assert_error(client.get(f"/api/thumbnails/batch-generate?{query}", headers=cron), 400, code)
+    assert_error(client.get("/api/thumbnails/batch-generate", headers=ADMIN), 401, "unauthorized")
     app.extensions["thumbq"].close()
 
 

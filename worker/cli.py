@@ -51,6 +51,14 @@ def cmd_db_init(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_db_export_migration(config: Config, args: argparse.Namespace) -> int:
+    from worker.migrations import export
+
+    for path in export(Path(args.out)):
+        print(path)
+    return 0
+
+
 def cmd_run_batch(config: Config, args: argparse.Namespace) -> int:
     from worker.batch import run_batch
 
@@ -424,6 +432,11 @@ def build_parser() -> argparse.ArgumentParser:
     dbsub = dbp.add_subparsers(dest="db_command", required=True)
     init = dbsub.add_parser("init", help="install pgmq and the thumbq schema (safe to re-run)")
     init.set_defaults(func=cmd_db_init)
+    export = dbsub.add_parser(
+        "export-migration", help="write Supabase CLI migrations generated from sql/"
+    )
+    export.add_argument("--out", default="supabase/migrations")
+    export.set_defaults(func=cmd_db_export_migration)
 
     sp = add("run-batch", cmd_run_batch, "run one time-budgeted batch and print its summary")
     sp.add_argument("--budget-ms", type=int, default=None)

@@ -278,3 +278,113 @@ def test_cron_migration_on_plain_postgres_does_nothing_and_says_so(conn: db.Conn
     ).fetchone()
     assert row == {"no_function": True, "no_cron": True}
     assert any("pg_cron is not available" in n for n in notices), notices
+
+
+# -- 3. Realtime ------------------------------------------------------------------------------
+
+# A stand-in for Supabase's realtime schema: realtime.send with the real signature records each
+# call; messages + topic() are enough for the private-topic policy to be created and enforced.
+REALTIME_STANDIN = """
+create schema realtime;
+create table realtime.sent (id bigserial primary key, payload jsonb, event text, topic text,
+                            private boolean);
+create function realtime.send(payload jsonb, event text, topic text, private boolean default true)
+returns void language sql as $$
+  insert into realtime.sent (payload, event, topic, private) values (payload, event, topic, private)
+$$;
+create table realtime.messages (id bigserial primary key, topic text, extension text,
+                                payload jsonb);
+create function realtime.topic() returns text language sql stable as $$
+  select nullif(current_setting('realtime.topic', true), '')
+$$;
+"""
+
+
+def _enqueue(conn: db.Conn, key: str, group: str) -> None:
+    conn.execute("select * from thumbq.enqueue(%s, 'e1', %s)", [key, group])
+
+
+def test_plain_postgres_has_no_broadcast_trigger_and_groups_still_update(conn: db.Conn) -> None:
+    row = conn.execute(
+        "select to_regprocedure('thumbq.groups_broadcast()') is null as no_function,"
+        " not exists (select 1 from pg_trigger where tgname = 'groups_broadcast') as no_trigger"
+    ).fetchone()
+    assert row == {"no_function": True, "no_trigger": True}
+    _enqueue(conn, "a.jpg", "g1")
+    _enqueue(conn, "b.jpg", "g1")
+    group = conn.execute("select total, pending from thumbq.groups where group_id = 'g1'")
+    assert group.fetchone() == {"total": 2, "pending": 2}
+
+
+def test_group_changes_broadcast_to_the_private_group_topic(empty_db_url: str) -> None:
+    with db.connect(empty_db_url) as conn:
+        conn.execute(REALTIME_STANDIN.encode())
+        db.init_schema(conn)
+        _enqueue(conn, "a.jpg", "g1")
+        _enqueue(conn, "b.jpg", "g2")
+        conn.execute("select thumbq.cancel('g1')")
+        sent = conn.execute("select payload, event, topic, private from realtime.sent order by id")
+        calls = sent.fetchall()
+    assert [(c["topic"], c["event"], c["private"]) for c in calls] == [
+        ("thumbq:group:g1", "progress", True),
+        ("thumbq:group:g2", "progress", True),
+        ("thumbq:group:g1", "progress", True),
+    ]
+    assert calls[0]["payload"]["operation"] == "INSERT"
+    last = calls[2]["payload"]
+    assert last["operation"] == "UPDATE"
+    assert last["record"]["group_id"] == "g1"
+    assert (last["record"]["pending"], last["record"]["cancelled"]) == (0, 1)
+
+
+def test_only_group_members_receive_a_private_group_topic(empty_db_url: str) -> None:
+    with db.connect(empty_db_url) as conn:
+        conn.execute(REALTIME_STANDIN.encode())
+        _supabase_roles(conn)
+        db.init_schema(conn)
+        conn.execute(
+            "insert into thumbq.group_members values ('g1', 'alice');"
+            "insert into realtime.messages (topic, extension)"
+            " values ('thumbq:group:g1', 'broadcast');"
+            "alter table realtime.messages enable row level security;"
+            "grant usage on schema realtime to authenticated;"
+            "grant select on realtime.messages to authenticated;"
+            "grant execute on function realtime.topic() to authenticated"
+        )
+
+        def visible(user: str, topic: str) -> int:
+            with conn.transaction():
+                conn.execute("set local role authenticated")
+                conn.execute("select set_config('realtime.topic', %s, true)", [topic])
+                conn.execute(
+                    "select set_config('request.jwt.claims', %s, true)", [f'{{"sub": "{user}"}}']
+                )
+                row = conn.execute("select count(*) as n from realtime.messages").fetchone()
+            assert row is not None
+            return int(row["n"])
+
+        assert visible("alice", "thumbq:group:g1") == 1
+        assert visible("bob", "thumbq:group:g1") == 0
+        assert visible("alice", "thumbq:group:g2") == 0
+
+
+def test_jobs_and_groups_join_an_existing_supabase_realtime_publication(empty_db_url: str) -> None:
+    with db.connect(empty_db_url) as conn:
+        conn.execute("create publication supabase_realtime")
+        db.init_schema(conn)
+        db.init_schema(conn)  # again: no duplicate membership error
+        conn.execute((ROOT / "sql" / "005_security.sql").read_bytes())
+        tables = conn.execute(
+            "select schemaname || '.' || tablename as t from pg_publication_tables"
+            " where pubname = 'supabase_realtime' order by 1"
+        ).fetchall()
+        identity = conn.execute(
+            "select relname, relreplident from pg_class"
+            " where oid in ('thumbq.jobs'::regclass, 'thumbq.groups'::regclass) order by relname"
+        ).fetchall()
+    assert [r["t"] for r in tables] == ["thumbq.groups", "thumbq.jobs"]
+    # groups: full old rows in UPDATE/DELETE events; jobs: primary key only (wider, churns more).
+    assert [(r["relname"], r["relreplident"]) for r in identity] == [
+        ("groups", "f"),
+        ("jobs", "d"),
+    ]

@@ -7,16 +7,19 @@ pgmq comes from the `pgmq` package's SQL here (no extension is offered), so the 
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from worker import db
 from worker.cli import main as cli_main
+from worker.config import Config
 from worker.migrations import PGMQ_EXTENSION, migrations
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -388,3 +391,101 @@ def test_jobs_and_groups_join_an_existing_supabase_realtime_publication(empty_db
         ("groups", "f"),
         ("jobs", "d"),
     ]
+
+
+# -- 4. Netlify and Vercel --------------------------------------------------------------------
+
+NETLIFY_FN = ROOT / "netlify" / "functions" / "thumbq-batch.mjs"
+
+
+def _netlify() -> dict[str, Any]:
+    import tomllib
+
+    return tomllib.loads((ROOT / "netlify.toml").read_text(encoding="utf-8"))
+
+
+def test_netlify_toml_publishes_the_page_proxies_the_api_and_schedules_the_batch() -> None:
+    cfg = _netlify()
+    publish = ROOT / cfg["build"]["publish"]
+    assert (publish / "progress.html").is_file() and (publish / "progress.js").is_file()
+    redirects = {r["from"]: r for r in cfg["redirects"]}
+    api = redirects["/api/*"]
+    assert api["status"] == 200 and api["to"].endswith("/api/:splat")
+    assert "THUMBQ_API_URL" in api["to"]
+    assert redirects["/progress/static/*"]["to"] == "/:splat"
+    fn_dir = ROOT / cfg["functions"]["directory"]
+    assert cfg["functions"]["thumbq-batch"]["schedule"] == "*/5 * * * *"
+    assert (fn_dir / "thumbq-batch.mjs").is_file()
+
+
+def test_netlify_build_command_writes_the_api_url_into_the_proxy(tmp_path: Path) -> None:
+    import tomllib
+
+    shutil.copy(ROOT / "netlify.toml", tmp_path / "netlify.toml")
+    subprocess.run(
+        ["bash", "-c", _netlify()["build"]["command"]],
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "THUMBQ_API_URL": "https://api.example.org/"},
+        check=True,
+        timeout=10,
+    )
+    cfg = tomllib.loads((tmp_path / "netlify.toml").read_text(encoding="utf-8"))
+    api = next(r for r in cfg["redirects"] if r["from"] == "/api/*")
+    assert api["to"] == "https://api.example.org/api/:splat"
+
+
+def test_vercel_json_crons_the_batch_every_5_minutes_into_the_flask_app() -> None:
+    cfg = json.loads((ROOT / "vercel.json").read_text(encoding="utf-8"))
+    crons = {c["path"]: c["schedule"] for c in cfg["crons"]}
+    assert crons["/api/thumbnails/batch-generate"] == "*/5 * * * *"
+    assert crons["/api/thumbnails/cleanup-stale"] == "*/15 * * * *"
+    assert "api/index.py" in cfg["functions"]
+    assert (ROOT / "api" / "index.py").is_file()
+
+
+def _run_netlify_function(api_url: str, secret: str) -> tuple[int, str]:
+    node = shutil.which("node")
+    if not node:
+        pytest.skip("node is not installed")
+    script = (
+        "const m = await import(process.env.FN_URL);"
+        "const r = await m.default(new Request('https://site.example/.netlify/functions/x'));"
+        "process.stdout.write(JSON.stringify({status: r.status, body: await r.text()}));"
+    )
+    proc = subprocess.run(
+        [node, "--input-type=module", "-e", script],
+        env={
+            "PATH": "/usr/bin:/bin",
+            "FN_URL": NETLIFY_FN.as_uri(),
+            "THUMBQ_API_URL": api_url + "/",
+            "THUMBQ_CRON_SECRET": secret,
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return int(out["status"]), str(out["body"])
+
+
+def test_netlify_function_runs_a_batch_on_the_real_app(config: Config, conn: db.Conn) -> None:
+    from tests.liveapp import call, live_app, put_samples
+    from worker.storage import open_storage
+
+    secret = "netlify-test-secret-0123456789"
+    config = config.with_(cron_secret=secret)
+    items = put_samples(open_storage(config), "netlify/", good=2)
+    with live_app(config) as server:
+        status, body, _ = call(
+            "POST", server.url + "/api/thumbnails/enqueue", secret, {"items": items}
+        )
+        assert status == 202, body
+        refused, _ = _run_netlify_function(server.url, "wrong-secret-wrong-secret")
+        assert refused == 401
+        status, text = _run_netlify_function(server.url, secret)
+    assert status == 200, text
+    report = json.loads(text)
+    runs = conn.execute("select id, processed from thumbq.batch_runs").fetchall()
+    assert runs == [{"id": report["run_id"], "processed": 2}]
+    assert report["succeeded"] == 2

@@ -60,7 +60,6 @@ def build_pdf(objects: list[tuple[str, bytes | None]], *, header: bytes = b"%PDF
 
 def _noise(size: tuple[int, int], seed: int) -> Image.Image:
     """Uniform grey noise, deterministic for a seed (Pillow's effect_noise is neither)."""
-
     return Image.frombytes("L", size, random.Random(seed).randbytes(size[0] * size[1]))
 
 
@@ -70,7 +69,6 @@ def photo_image(width: int, height: int, *, seed: int = 0) -> Image.Image:
     so that it neither compresses trivially nor averages out to a flat thumbnail.
 
     Cached: callers must not modify it."""
-
     rng = random.Random(seed)
     small = (max(width // 40, 16), max(height // 40, 16))
     red = Image.linear_gradient("L").rotate(30 + seed).resize(small)
@@ -137,7 +135,6 @@ def jpeg_8000x6000() -> bytes:
 
 def quadrant_image(width: int, height: int) -> Image.Image:
     """RGB image whose top-left quadrant is red, top-right green, bottom-left blue, rest white."""
-
     img = Image.new("RGB", (width, height), (255, 255, 255))
     img.paste(RED, (0, 0, width // 2, height // 2))
     img.paste(GREEN, (width // 2, 0, width, height // 2))
@@ -155,7 +152,6 @@ def small_jpeg() -> bytes:
 def exif_rotated_jpeg() -> bytes:
     """A JPEG stored landscape 800x600 with EXIF orientation 6: it displays as 600x800 portrait,
     and the stored top-left (red) quadrant shows at the top right."""
-
     exif = Image.Exif()
     exif[0x0112] = 6
     return _save(quadrant_image(800, 600), "JPEG", quality=90, exif=exif.tobytes())
@@ -164,7 +160,6 @@ def exif_rotated_jpeg() -> bytes:
 @functools.cache
 def cmyk_jpeg() -> bytes:
     """A CMYK JPEG (Pillow writes Adobe-style inverted CMYK): left half red, right half blue."""
-
     img = Image.new("CMYK", (800, 400), (0, 255, 255, 0))
     img.paste((255, 255, 0, 0), (400, 0, 800, 400))
     return _save(img, "JPEG", quality=92)
@@ -172,9 +167,9 @@ def cmyk_jpeg() -> bytes:
 
 @functools.cache
 def png_16bit_grey() -> bytes:
-    """A 16-bit greyscale PNG, 1024x256, a horizontal ramp from 0 to 65535."""
-
-    width, height = 1024, 256
+    """A 16-bit greyscale PNG, 2048x512, a horizontal ramp from 0 to 65535 (4x the box, so that
+    the resize first reduces by a whole factor, which Pillow cannot do in 16-bit modes)."""
+    width, height = 2048, 512
     row = b"".join(struct.pack("<H", x * 65535 // (width - 1)) for x in range(width))
     img = Image.frombytes("I;16", (width, height), row * height)
     return _save(img, "PNG")
@@ -183,7 +178,6 @@ def png_16bit_grey() -> bytes:
 @functools.cache
 def png_alpha() -> bytes:
     """An RGBA PNG, 600x400: left half opaque blue, right half fully transparent."""
-
     img = Image.new("RGBA", (600, 400), (0, 0, 0, 0))
     img.paste((*BLUE, 255), (0, 0, 300, 400))
     return _save(img, "PNG")
@@ -192,7 +186,6 @@ def png_alpha() -> bytes:
 @functools.cache
 def png_palette_transparent() -> bytes:
     """A palette PNG with a transparent colour (tRNS): a red square on transparency."""
-
     img = Image.new("RGBA", (300, 300), (0, 0, 0, 0))
     img.paste((*RED, 255), (75, 75, 225, 225))
     return _save(img.convert("P", palette=Image.Palette.ADAPTIVE, colors=8), "PNG")
@@ -207,7 +200,6 @@ def small_png() -> bytes:
 @functools.cache
 def animated_gif() -> bytes:
     """A 3-frame animated GIF, 200x150: red, then green, then blue."""
-
     frames = [Image.new("RGB", (200, 150), colour) for colour in (RED, GREEN, BLUE)]
     return _save(frames[0], "GIF", save_all=True, append_images=frames[1:], duration=100, loop=0)
 
@@ -215,7 +207,6 @@ def animated_gif() -> bytes:
 @functools.cache
 def animated_webp() -> bytes:
     """A 2-frame animated WebP, 200x150: red then blue."""
-
     frames = [Image.new("RGB", (200, 150), colour) for colour in (RED, BLUE)]
     return _save(frames[0], "WEBP", save_all=True, append_images=frames[1:], duration=100)
 
@@ -288,7 +279,6 @@ def png_bomb(width: int = 30_000, height: int = 30_000) -> bytes:
 def memory_hog_png() -> bytes:
     """A legal 8000x8000 RGBA PNG (64 MP, under the default pixel limit) that needs about 256 MB
     decoded: refused with too_large by a render process whose memory limit is lower than that."""
-
     return _save(Image.new("RGBA", (8000, 8000), (*GREEN, 200)), "PNG", compress_level=1)
 
 

@@ -207,10 +207,10 @@ def _normalise_mode(img: Image.Image) -> Image.Image:
         return img.convert("L")
     if mode in ("La", "RGBa"):
         return img.convert({"La": "LA", "RGBa": "RGBA"}[mode])
-    if mode.startswith("I;16") and mode != "I;16":
-        # Big-endian and native 16-bit variants do not resample; plain 32-bit "I" does.
+    if mode.startswith("I;16"):
+        # Pillow's reduce() and some resamplers take no 16-bit modes; 32-bit "I" is exact.
         return img.convert("I")
-    if mode in ("L", "LA", "RGB", "RGBA", "CMYK", "I", "I;16", "F"):
+    if mode in ("L", "LA", "RGB", "RGBA", "CMYK", "I", "F"):
         return img
     try:
         return img.convert("RGBA" if img.has_transparency_data else "RGB")
@@ -223,15 +223,13 @@ def _to_display_mode(img: Image.Image, *, sixteen_bit: bool) -> Image.Image:
     mode = img.mode
     if mode == "CMYK":
         return _cmyk_to_rgb(img)
-    if mode in ("I;16", "I", "F"):
+    if mode in ("I", "F"):
         return _to_8bit_grey(img, sixteen_bit=sixteen_bit)
     return img
 
 
 def _to_8bit_grey(img: Image.Image, *, sixteen_bit: bool) -> Image.Image:
     """Scale a 16-bit, 32-bit or float grey image into 0..255 instead of clipping it."""
-    if img.mode == "I;16":
-        img = img.convert("I")
     low, high = img.getextrema()
     assert isinstance(low, (int, float)) and isinstance(high, (int, float))
     if sixteen_bit or (low >= 0 and 255 < high <= 65535):

@@ -142,7 +142,7 @@ def main() -> None:
 
         seq, tq = [], []
         for i in range(args.invocations):
-            fill(config, conn, f"seq{i}", 120)
+            fill(config, conn, f"seq{i}", 300)
             seq.append(sequential_invocation(config, conn))
             conn.execute("select thumbq.cancel(%s)", [f"seq{i}"])
             fill(config, conn, f"tq{i}", 400)

@@ -34,7 +34,10 @@ if TYPE_CHECKING:
 # a killed one's messages come back soon after.
 VT_MARGIN_S = 20
 # Completions are written in small batches: fewer round trips, progress still near real time.
-FLUSH_EVERY_N = 16
+FLUSH_EVERY_N = 64
+# One claim takes at most this many: tiny items would otherwise be claimed all at once, holding
+# them away from concurrent invocations and making one long transaction.
+CLAIM_CHUNK_MAX = 250
 FLUSH_EVERY_S = 0.25
 # An item killed at the deadline counts as an attempt only if it had at least this share of
 # the invocation's working time; one that merely started late is released and goes first next
@@ -129,12 +132,12 @@ class _Run:
             self.exhausted = "max_items"
             return
         remaining = self.budget.remaining_ms()
-        typical = self.predictor.expected_ms("pdf", 0)
+        typical = self.predictor.typical_ms()
         if self.waiting:
             typical = sum(self._predict(j) for j in self.waiting) / len(self.waiting)
         fit = self.config.concurrency * remaining / max(typical, 1.0)
         want = max(self.config.concurrency, math.ceil(fit / 2)) - len(self.waiting)
-        want = min(want, self.max_items - self.claimed)
+        want = min(want, self.max_items - self.claimed, CLAIM_CHUNK_MAX)
         if want <= 0:
             return
         claim = self.queue.claim(self.worker_id, want, self.vt_seconds)

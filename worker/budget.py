@@ -98,6 +98,17 @@ class Predictor:
             return s.mean_ms * 1.5 ** (size_cls - c) if size_cls > c else s.mean_ms
         return PRIOR_MS.get(kind, PRIOR_MS["other"])
 
+    def typical_ms(self) -> float:
+        """A typical item when nothing is claimed yet: this run's mean, else history's, else
+        the slowest prior (claiming too few costs one more claim; too many only a release)."""
+        own = [ms for v in self.seen.values() for ms in v]
+        if own:
+            return sum(own) / len(own)
+        if self.known:
+            total = sum(s.samples for s in self.known.values())
+            return sum(s.mean_ms * s.samples for s in self.known.values()) / max(total, 1)
+        return max(PRIOR_MS.values())
+
     def start_ms(self, kind: str, size_cls: int) -> float:
         """A cautious estimate used to decide whether an item may start at all."""
         return self.expected_ms(kind, size_cls) * 1.25 + 20

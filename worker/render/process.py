@@ -421,6 +421,7 @@ def _zygote_main(control_fd: int) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     control = socket.socket(fileno=control_fd)
     _warm_up()
+    zygote_pid = os.getpid()
 
     while True:
         request = control.recv(65536)
@@ -436,6 +437,7 @@ def _zygote_main(control_fd: int) -> None:
                 control.close()
                 parent_end.close()
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                _die_with_parent(zygote_pid)
                 _child_main(child_end, opts, memory_limit_mb)
             except BaseException:
                 code = 1
@@ -444,6 +446,24 @@ def _zygote_main(control_fd: int) -> None:
         child_end.close()
         socket.send_fds(control, [_FRAME.pack(pid)], [parent_end.fileno()])
         parent_end.close()
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Have the kernel SIGKILL this child when the zygote exits (Linux).
+
+    The zygote exits when the worker closes its socket, including when the worker itself dies;
+    without this, a child busy with a pathological page would go on rendering for nobody.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # the zygote was already gone before prctl took effect
+        os._exit(0)
 
 
 def _warm_up() -> None:

@@ -308,7 +308,8 @@ class Scheduler:
         return resp
 
     def start(self, *, run_now: bool = False) -> None:
-        """Start in a background thread; `run_now` makes the first tick fire at once."""
+        """Start in a background thread; `run_now` adds a first tick at once (unless the next
+        scheduled one is due within a budget anyway)."""
         from apscheduler.schedulers.background import BackgroundScheduler
         from apscheduler.triggers.interval import IntervalTrigger
 
@@ -316,6 +317,9 @@ class Scheduler:
             timezone=UTC,
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
         )
+        # An extra tick now only if its call ends before the scheduled one is due; otherwise it
+        # would hold the single instance slot and make the scheduler skip that tick.
+        run_now = run_now and self._next_tick() - self.clock() > self.budget_s + CHAIN_SLACK_S
         first: dict[str, Any] = {"next_run_time": self.now()} if run_now else {}
         sched.add_job(self._safe(self.tick), self.trigger, id="batch", name="batch", **first)
         sched.add_job(

@@ -133,7 +133,7 @@ create table if not exists thumbq.render_stats (
 );
 
 -- Example membership table for row level security: which user may see which group. Apps with
--- their own notion of ownership replace the policies in 004_supabase.sql.
+-- their own notion of ownership replace the policies in 005_security.sql.
 create table if not exists thumbq.group_members (
   group_id  text not null,
   user_id   text not null,

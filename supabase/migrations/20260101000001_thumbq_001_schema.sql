@@ -141,7 +141,7 @@ create table if not exists thumbq.render_stats (
 );
 
 -- Example membership table for row level security: which user may see which group. Apps with
--- their own notion of ownership replace the policies in 004_supabase.sql.
+-- their own notion of ownership replace the policies in 005_security.sql.
 create table if not exists thumbq.group_members (
   group_id  text not null,
   user_id   text not null,
@@ -149,7 +149,7 @@ create table if not exists thumbq.group_members (
 );
 
 insert into thumbq.schema_migrations (version, checksum)
-values ('001_schema', '5576fbb492410ec479183c30dd8f6a53191dca683e66688f6e5f76e35cefd2fc')
+values ('001_schema', '1618e2b2d362a3bda2470a6d4bb3769c20e4d2f97110fee5fb23a7e404eb747f')
 on conflict (version) do update set checksum = excluded.checksum, applied_at = clock_timestamp();
 
 commit;

@@ -50,8 +50,8 @@ select * from thumbq.queue_overview
 select * from thumbq.recent_failures
 
 -- name: recent_failures_of_group
-select id, group_id, source_key, status, error_code, last_error, attempts, max_attempts,
-       next_attempt_at, updated_at
+select id, group_id, source_key, source_etag, content_type, status, error_code, last_error,
+       attempts, max_attempts, next_attempt_at, updated_at
   from thumbq.jobs
  where group_id = %(group_id)s and error_code is not null
    and status in ('failed', 'unsupported', 'pending', 'processing')

@@ -252,3 +252,59 @@ def test_progress_page_asks_for_the_key_and_shows_no_group_without_one(
     finally:
         server.close()
         app.extensions["thumbq"].close()
+
+
+def test_failures_endpoint_has_the_progress_endpoints_auth_and_its_documented_shape(
+    config: Config, conn: db.Conn
+) -> None:
+    import jwt
+    from jsonschema import Draft202012Validator
+
+    from api import create_app
+    from api.openapi import spec
+
+    jwt_secret = "failures-jwt-secret-0123456789abcdef0123"
+    config = config.with_(cron_secret=SECRET, jwt_secret=jwt_secret)
+    storage = open_storage(config)
+    enqueue(conn, storage, config, put_samples(storage, "f/", good=1, broken=2), "fg")
+    from worker.render.process import RenderPool
+
+    with RenderPool(render_options(config), 1, config.render_memory_mb) as pool:
+        run_batch(config, conn, storage, pool)
+    conn.execute("insert into thumbq.group_members values ('fg', 'ann')")
+    app = create_app(config)
+    try:
+        client = app.test_client()
+        admin = {"Authorization": f"Bearer {SECRET}"}
+
+        def user(sub: str) -> dict[str, str]:
+            claims = {"sub": sub, "aud": "authenticated", "exp": time.time() + 60}
+            return {"Authorization": "Bearer " + jwt.encode(claims, jwt_secret, "HS256")}
+
+        r = client.get("/api/thumbnails/failures?group_id=fg&limit=5", headers=admin)
+        assert r.status_code == 200
+        body = r.get_json()
+        doc = spec()
+        schema = doc["paths"]["/api/thumbnails/failures"]["get"]["responses"]["200"]
+        body_schema = schema["content"]["application/json"]["schema"]
+        Draft202012Validator({**body_schema, "components": doc["components"]}).validate(body)
+        assert [f["error_code"] for f in body["failures"]] == ["corrupt_input"] * 2
+        assert (
+            client.get("/api/thumbnails/failures?group_id=fg", headers=user("ann")).status_code
+            == 200
+        )
+        for headers, query, status in (
+            ({}, "group_id=fg", 401),
+            ({"Authorization": "Bearer wrong"}, "group_id=fg", 401),
+            (user("bob"), "group_id=fg", 404),
+            (admin, "group_id=nope", 404),
+            (admin, "group_id=fg&limit=0", 400),
+            (admin, "group_id=fg&limit=abc", 400),
+            (admin, "group_id=<script>", 400),
+            (admin, "", 400),
+        ):
+            r = client.get(f"/api/thumbnails/failures?{query}", headers=headers)
+            assert r.status_code == status, (query, r.get_json())
+            assert set(r.get_json()["error"]) == {"code", "message"}
+    finally:
+        app.extensions["thumbq"].close()

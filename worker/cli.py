@@ -402,7 +402,7 @@ def cmd_up(config: Config, args: argparse.Namespace) -> int:
         print("  admin secret:  from THUMBQ_CRON_SECRET", file=out)
     else:
         print(f"  admin secret:  {secret}  (kept in {secret_from})", file=out)
-    print(f"  schedule:      {config.schedule} (UTC), first batch now", file=out)
+    print(f"  schedule:      {config.schedule} (UTC), and a first batch at start", file=out)
     print("Press Ctrl-C to stop.", file=out, flush=True)
     sched.start(run_now=True)
     try:

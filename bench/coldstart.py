@@ -1,0 +1,188 @@
+"""Cold start: a fresh `python -c` process imports the WSGI app (api/index.py) and answers one
+request, as a serverless platform's first invocation does.
+
+Two paths, each the median of several runs: one progress request, and one batch request that
+renders one small PDF (render processes started on demand). Wall time is measured by the parent
+around the whole child process (interpreter start included); the child also reports its own
+import and request times and which heavy modules it loaded.
+
+    .venv/bin/python -m bench.coldstart [--runs 7]
+
+The database server is BENCH_DATABASE_URL, TEST_DATABASE_URL or DATABASE_URL (else embedded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import make_conninfo
+
+from bench.common import median, scratch_database, server_url, write_result
+from worker import db
+from worker.config import Config
+from worker.queue import Queue
+
+ROOT = Path(__file__).resolve().parent.parent
+SECRET = "coldstart-secret"
+HEAVY = ("pymupdf", "fitz", "boto3", "botocore", "PIL", "jwt", "numpy")
+
+CHILD = """
+import sys, time, json
+t0 = time.perf_counter()
+from api.index import app
+t1 = time.perf_counter()
+client = app.test_client()
+resp = client.open(PATH, method=METHOD, json=BODY, headers={"Authorization": "Bearer SECRET"})
+t2 = time.perf_counter()
+print(json.dumps({"status": resp.status_code, "import_ms": (t1 - t0) * 1000,
+                  "request_ms": (t2 - t1) * 1000, "body": resp.get_json(),
+                  "heavy": sorted(m for m in HEAVY if m in sys.modules)}))
+"""
+
+
+def child_code(method: str, path: str, body: Any) -> str:
+    return (
+        CHILD.replace("PATH", repr(path))
+        .replace("METHOD", repr(method))
+        .replace("BODY", repr(body))
+        .replace("SECRET", SECRET)
+        .replace("HEAVY", repr(HEAVY))
+    )
+
+
+def run_child(code: str, env: dict[str, str]) -> dict[str, Any]:
+    t = time.perf_counter()
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    wall = (time.perf_counter() - t) * 1000
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-3000:])
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    result["wall_ms"] = wall
+    return result
+
+
+def small_pdf() -> bytes:
+    import pymupdf
+
+    doc = pymupdf.open()
+    page = doc.new_page(width=595, height=842)
+    page.insert_text((72, 100), "Cold start", fontsize=36)
+    page.draw_rect(pymupdf.Rect(72, 150, 520, 700), color=(0, 0, 0), fill=(0.2, 0.5, 0.8))
+    data: bytes = doc.tobytes(garbage=3, deflate=True)
+    return data
+
+
+def stats(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "runs": len(runs),
+        "wall_ms_median": round(median([r["wall_ms"] for r in runs]), 1),
+        "wall_ms_min": round(min(r["wall_ms"] for r in runs), 1),
+        "wall_ms_all": [round(r["wall_ms"], 1) for r in runs],
+        "import_ms_median": round(median([r["import_ms"] for r in runs]), 1),
+        "request_ms_median": round(median([r["request_ms"] for r in runs]), 1),
+        "heavy_modules_imported": sorted({m for r in runs for m in r["heavy"]}),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=7)
+    args = parser.parse_args()
+
+    load_before = os.getloadavg()[0]
+    name = f"thumbq_bench_cold_{uuid.uuid4().hex[:8]}"
+    url = scratch_database(name)
+    home = Path(tempfile.mkdtemp(prefix="thumbq-cold-"))
+    env = {
+        **os.environ,
+        "DATABASE_URL": url,
+        "THUMBQ_HOME": str(home),
+        "THUMBQ_STORAGE_URL": (home / "storage").as_uri(),
+        "THUMBQ_CRON_SECRET": SECRET,
+        "THUMBQ_CONCURRENCY": "1",
+    }
+    try:
+        config = Config.from_env(env)
+        from worker.storage import open_storage
+
+        storage = open_storage(config)
+        pdf = small_pdf()
+        with db.connect(url) as conn:
+            # A group to read; cancelled so that the batches below find only their own job.
+            Queue(conn).enqueue([{"source_key": "seed.pdf", "etag": "0"}], "cold")
+            Queue(conn).cancel("cold")
+
+        bare = [_bare(env) for _ in range(args.runs)]
+        floor = [_bare(env, "import flask, psycopg, psycopg_pool") for _ in range(args.runs)]
+        progress = [
+            run_child(child_code("GET", "/api/thumbnails/progress?group_id=cold", None), env)
+            for _ in range(args.runs)
+        ]
+        assert all(r["status"] == 200 for r in progress), progress[0]
+
+        batch = []
+        for i in range(args.runs):
+            key = f"cold/{i}.pdf"
+            storage.put(key, pdf, "application/pdf")
+            with db.connect(url) as conn:
+                Queue(conn).enqueue(
+                    [{"source_key": key, "etag": storage.head(key).etag}], "cold-batch"
+                )
+            r = run_child(
+                child_code("POST", "/api/thumbnails/batch-generate", {"max_items": 1}), env
+            )
+            assert r["status"] == 200 and r["body"]["succeeded"] == 1, r
+            batch.append(r)
+
+        result = {
+            "method": "wall time of a fresh `python -c` child (interpreter start, import "
+            "api.index, one request through Flask's test client, exit), median of runs; the "
+            "child reports import and request times and the heavy modules it loaded",
+            "python_startup_ms_median": round(median(bare), 1),
+            # What any Flask + psycopg app pays before its own code runs.
+            "floor_import_flask_psycopg_ms_median": round(median(floor), 1),
+            "progress": stats(progress),
+            "batch_one_small_pdf": {
+                **stats(batch),
+                "pdf_bytes": len(pdf),
+                "sample_body": batch[-1]["body"],
+            },
+            "targets": {
+                "progress_wall_le_400ms": median([r["wall_ms"] for r in progress]) <= 400,
+                "progress_path_without_pymupdf_and_boto3": not {
+                    "pymupdf",
+                    "fitz",
+                    "boto3",
+                    "botocore",
+                }
+                & {m for r in progress for m in r["heavy"]},
+            },
+        }
+        # Other work on the machine inflates every figure: say how busy it was.
+        result["load_average_1m"] = {"before": load_before, "after": os.getloadavg()[0]}
+        write_result("coldstart", result)
+    finally:
+        with psycopg.connect(make_conninfo(server_url(), dbname="postgres"), autocommit=True) as a:
+            a.execute(f'drop database if exists "{name}" with (force)')
+
+
+def _bare(env: dict[str, str], code: str = "pass") -> float:
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
+    return (time.perf_counter() - t) * 1000
+
+
+if __name__ == "__main__":
+    main()

@@ -9,11 +9,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from worker import db
 from worker.config import Config, ConfigError
 from worker.queue import Queue
+
+if TYPE_CHECKING:
+    from worker.serving import ServerThread
 
 Handler = Callable[[Config, argparse.Namespace], int]
 
@@ -339,12 +342,24 @@ def ensure_cron_secret(config: Config) -> tuple[str, Path | None]:
     return secret, path
 
 
-def cmd_serve(config: Config, args: argparse.Namespace) -> int:
-    from api import create_app
+def _listen(app: Any, host: str, port: int, threads: int) -> ServerThread | None:
+    """The started server, or None (with a message) when the address cannot be used."""
     from worker.serving import ServerThread
 
+    try:
+        return ServerThread(app, host, port, threads=threads).start()
+    except OSError as exc:
+        print(f"thumbq: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
+        return None
+
+
+def cmd_serve(config: Config, args: argparse.Namespace) -> int:
+    from api import create_app
+
     port = args.port if args.port is not None else _default_port()
-    server = ServerThread(create_app(config), args.host, port, threads=args.threads).start()
+    server = _listen(create_app(config), args.host, port, args.threads)
+    if server is None:
+        return 1
     print(f"thumbq: serving on {server.url} (Ctrl-C to stop)", file=sys.stderr, flush=True)
     sig = _wait_for_signal()
     print(f"thumbq: {sig}, stopping", file=sys.stderr, flush=True)
@@ -371,7 +386,6 @@ def cmd_scheduler(config: Config, args: argparse.Namespace) -> int:
 def cmd_up(config: Config, args: argparse.Namespace) -> int:
     from api import create_app
     from worker.scheduler import Scheduler
-    from worker.serving import ServerThread
 
     out = sys.stdout
     if config.database_url:
@@ -389,7 +403,9 @@ def cmd_up(config: Config, args: argparse.Namespace) -> int:
     config = config.with_(database_url=url, cron_secret=secret)
 
     port = args.port if args.port is not None else _default_port()
-    server = ServerThread(create_app(config), args.host, port, threads=args.threads).start()
+    server = _listen(create_app(config), args.host, port, args.threads)
+    if server is None:
+        return 1
     sched = Scheduler(config, api_url=server.url)
     group = latest[0]["group_id"] if latest else "<group>"
     print("thumbq up", file=out)

@@ -301,3 +301,71 @@ def test_up_serves_schedules_drains_and_stops_cleanly_on_ctrl_c(
     assert '"event":"scheduler_call"' in err
     with pytest.raises(OSError):
         call("GET", f"http://127.0.0.1:{port}/healthz", timeout=2)
+
+
+def _stop(proc: subprocess.Popen[str], sig: int = signal.SIGTERM) -> str:
+    proc.send_signal(sig)
+    try:
+        _, err = proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+    return err
+
+
+def test_serve_and_scheduler_commands_drain_a_queue_and_stop_on_sigterm(
+    tmp_path: Path, db_url: str
+) -> None:
+    port = free_port()
+    env = {
+        **os.environ,
+        "THUMBQ_HOME": str(tmp_path / "home"),
+        "DATABASE_URL": db_url,
+        "THUMBQ_STORAGE_URL": (tmp_path / "storage").as_uri(),
+        "THUMBQ_CRON_SECRET": SECRET,
+        "THUMBQ_API_URL": f"http://127.0.0.1:{port}",
+        "THUMBQ_SCHEDULE": "* * * * * *",
+        "THUMBQ_BUDGET_MS": "2000",
+        "THUMBQ_BUFFER_MS": "500",
+        "THUMBQ_CONCURRENCY": "2",
+        "PORT": str(port),  # serve's default port
+    }
+    config = _config(tmp_path, db_url)
+    storage = open_storage(config)
+    with db.connect(db_url) as conn:
+        enqueue(conn, storage, config, put_samples(storage, "cli/", good=4), "cli")
+
+    def start(command: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "worker.cli", command],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    serve = start("serve")
+    sched = None
+    try:
+        wait_until(lambda: _listening(port), 15, 0.05)
+        sched = start("scheduler")
+        with db.connect(db_url) as conn:
+            q = Queue(conn)
+            wait_until(lambda: (q.progress("cli") or {}).get("completed") == 4, 20)
+    finally:
+        sched_err = _stop(sched) if sched else ""
+        serve_err = _stop(serve)
+    assert sched is not None and sched.returncode == 0, sched_err
+    assert serve.returncode == 0, serve_err
+    assert '"event":"scheduler_call"' in sched_err and '"status":200' in sched_err
+    assert "SIGTERM" in sched_err and "SIGTERM" in serve_err
+    assert not _listening(port)
+
+
+def _listening(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0

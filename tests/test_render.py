@@ -367,3 +367,14 @@ def test_a_child_that_dies_is_an_internal_error_mid_render_and_replaced_when_idl
         wait_until_gone(second)
         assert solo.render(corpus.small_jpeg(), None, timeout_s=10).width == 512
         assert solo.pids() not in ([first], [second])
+
+
+def test_the_pool_recovers_when_its_zygote_is_killed() -> None:
+    with RenderPool(OPTS, workers=1, memory_limit_mb=768) as solo:
+        (child,) = solo.pids()
+        with open(f"/proc/{child}/stat") as stat:
+            zygote = int(stat.read().rsplit(")", 1)[1].split()[1])
+        os.kill(zygote, signal.SIGKILL)
+        wait_until_gone(child)  # children die with their zygote
+        thumb = solo.render(corpus.a4_pdf(), None, timeout_s=10)
+        assert (thumb.width, thumb.height) == (362, 512)

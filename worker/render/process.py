@@ -187,31 +187,41 @@ class RenderPool:
 
     def _start_child(self) -> _Child:
         with self._fork_lock:
-            with self._lock:
-                if self._closed:
-                    raise RuntimeError("RenderPool is closed")
-                if self._zygote is None or not self._zygote.alive():
-                    if self._zygote is not None:
-                        self._zygote.close()
-                    self._zygote = _Zygote()
-                zygote = self._zygote
-            try:
-                pid, sock = zygote.fork(self.opts, self.memory_limit_mb)
-            except (OSError, EOFError):
-                # The zygote died (killed by an operator or the OOM killer): start another once.
-                zygote.close()
-                zygote = _Zygote()
+            for attempt in (1, 2):
                 with self._lock:
-                    self._zygote = zygote
+                    if self._closed:
+                        raise RuntimeError("RenderPool is closed")
+                    zygote = self._zygote
                 try:
+                    if zygote is None or not zygote.alive():
+                        if zygote is not None:
+                            zygote.close()
+                        zygote = _Zygote()
+                        with self._lock:
+                            self._zygote = zygote
                     pid, sock = zygote.fork(self.opts, self.memory_limit_mb)
+                    break
                 except (OSError, EOFError) as exc:
-                    raise ThumbqError(
-                        INTERNAL, f"cannot start a render process: {exc or type(exc).__name__}"
-                    ) from None
+                    # The zygote died (killed by an operator or the OOM killer) or could not
+                    # start: try a fresh one once.
+                    if zygote is not None:
+                        zygote.close()
+                    with self._lock:
+                        self._zygote = None
+                    if attempt == 2:
+                        reason = str(exc) or type(exc).__name__
+                        raise ThumbqError(
+                            INTERNAL, f"cannot start a render process: {reason}"
+                        ) from None
         child = _Child(pid=pid, sock=sock)
         with self._lock:
-            self._live.add(child)
+            closed = self._closed
+            if not closed:
+                self._live.add(child)
+        if closed:
+            # close() ran meanwhile and could not see this child.
+            self._kill(child)
+            raise RuntimeError("RenderPool is closed")
         return child
 
     def _send(

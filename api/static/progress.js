@@ -157,6 +157,17 @@
     if (state.inFlight || state.stopped) return;
     if (document.hidden) return; // resumed by visibilitychange
     state.inFlight = true;
+    try {
+      await pollOnce();
+    } catch (e) {
+      // A body that is not the JSON we expect (a proxy's error page, say): keep polling.
+      backOff(null, "unexpected answer from the server");
+    } finally {
+      state.inFlight = false;
+    }
+  }
+
+  async function pollOnce() {
     let resp;
     try {
       const headers = { Accept: "application/json", ...authHeaders() };
@@ -166,10 +177,8 @@
         { headers, cache: "no-store" }
       );
     } catch (e) {
-      state.inFlight = false;
       return backOff(null, "cannot reach the server");
     }
-    state.inFlight = false;
     const hinted = Number(resp.headers.get("X-Poll-After-Ms"));
     if (resp.status === 304) {
       state.errors = 0;

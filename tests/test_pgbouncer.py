@@ -99,7 +99,8 @@ def test_enqueue_batch_retry_and_progress_work_through_pgbouncer(
                 if p["pending"] + p["processing"] == 0:
                     break
         assert len(runs) >= 4 and all(r.stopped_reason != "time_budget" for r in runs)
-        assert (p["completed"], p["failed"]) == (8, 2)
+        final = q.progress("pgb")
+        assert final is not None and (final["completed"], final["failed"]) == (8, 2)
 
     from api import create_app
 

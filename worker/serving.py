@@ -36,7 +36,9 @@ class ServerThread:
 
     @property
     def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
+        """Where a client on this machine reaches the server (loopback for a wildcard bind)."""
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)  # noqa: S104
+        host = f"[{host}]" if ":" in host else host
         return f"http://{host}:{self.port}"
 
     def start(self) -> ServerThread:
@@ -51,7 +53,8 @@ class ServerThread:
         self.server.task_dispatcher.shutdown(cancel_pending=True, timeout=timeout_s)
         # Open keep-alive connections keep waitress's loop alive; closing them ends it.
         wasyncore.close_all(self.server._map)
-        self._thread.join(timeout_s)
+        if self._thread.ident is not None:  # started
+            self._thread.join(timeout_s)
 
     def __enter__(self) -> ServerThread:
         return self.start()

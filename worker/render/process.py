@@ -131,6 +131,9 @@ class RenderPool:
         deadline = time.monotonic() + timeout_s
         if self._closed:
             raise RuntimeError("RenderPool is closed")
+        if timeout_s <= 0:
+            # Nothing could finish; do not start (and then have to kill) a healthy child.
+            raise _timeout(timeout_s)
         try:
             child = self._slots.get(timeout=max(timeout_s, 0.0))
         except queue.Empty:

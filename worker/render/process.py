@@ -133,7 +133,7 @@ class RenderPool:
             raise RuntimeError("RenderPool is closed")
         if timeout_s <= 0:
             # Nothing could finish; do not start (and then have to kill) a healthy child.
-            raise _timeout(timeout_s)
+            raise ThumbqError(RENDER_TIMEOUT, "no time was left to render")
         try:
             child = self._slots.get(timeout=max(timeout_s, 0.0))
         except queue.Empty:

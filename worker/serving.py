@@ -46,15 +46,23 @@ class ServerThread:
         return self
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Stop accepting, let running requests finish (up to `timeout_s`), close the rest."""
+        """Stop accepting, let running requests finish (up to `timeout_s`), close the rest.
+
+        Sockets are closed on the loop's own thread (through waitress's trigger), never while
+        it sits in select() on them, which would fail there with EBADF.
+        """
         from waitress import wasyncore
 
-        self.server.close()  # the listening socket: no new connections
-        self.server.task_dispatcher.shutdown(cancel_pending=True, timeout=timeout_s)
-        # Open keep-alive connections keep waitress's loop alive; closing them ends it.
-        wasyncore.close_all(self.server._map)
-        if self._thread.ident is not None:  # started
-            self._thread.join(timeout_s)
+        srv = self.server
+        if self._thread.ident is None:  # never started: no loop to ask
+            srv.task_dispatcher.shutdown(timeout=timeout_s)
+            wasyncore.close_all(srv._map)
+            return
+        srv.trigger.pull_trigger(lambda: wasyncore.dispatcher.close(srv))
+        srv.task_dispatcher.shutdown(cancel_pending=True, timeout=timeout_s)
+        # Open keep-alive connections keep the loop alive; closing everything ends it.
+        srv.trigger.pull_trigger(lambda: wasyncore.close_all(srv._map))
+        self._thread.join(timeout_s)
 
     def __enter__(self) -> ServerThread:
         return self.start()

@@ -353,17 +353,26 @@ def _listen(app: Any, host: str, port: int, threads: int) -> ServerThread | None
         return None
 
 
+def _close_app(app: Any) -> None:
+    """Close the app's connection pool and render processes now rather than at exit."""
+    state = app.extensions.get("thumbq")
+    if state is not None:
+        state.close()
+
+
 def cmd_serve(config: Config, args: argparse.Namespace) -> int:
     from api import create_app
 
     port = args.port if args.port is not None else _default_port()
-    server = _listen(create_app(config), args.host, port, args.threads)
+    app = create_app(config)
+    server = _listen(app, args.host, port, args.threads)
     if server is None:
         return 1
     print(f"thumbq: serving on {server.url} (Ctrl-C to stop)", file=sys.stderr, flush=True)
     sig = _wait_for_signal()
     print(f"thumbq: {sig}, stopping", file=sys.stderr, flush=True)
     server.close()
+    _close_app(app)
     return 0
 
 
@@ -403,7 +412,8 @@ def cmd_up(config: Config, args: argparse.Namespace) -> int:
     config = config.with_(database_url=url, cron_secret=secret)
 
     port = args.port if args.port is not None else _default_port()
-    server = _listen(create_app(config), args.host, port, args.threads)
+    app = create_app(config)
+    server = _listen(app, args.host, port, args.threads)
     if server is None:
         return 1
     sched = Scheduler(config, api_url=server.url)
@@ -428,6 +438,7 @@ def cmd_up(config: Config, args: argparse.Namespace) -> int:
         # Scheduler first: its running call needs the server to answer.
         sched.shutdown()
         server.close()
+        _close_app(app)
     print("thumbq: stopped", file=sys.stderr, flush=True)
     return 0
 

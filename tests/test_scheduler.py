@@ -298,6 +298,7 @@ def test_up_serves_schedules_drains_and_stops_cleanly_on_ctrl_c(
             _, err = proc.communicate()
     assert proc.returncode == 0, err
     assert "thumbq: stopped" in err
+    assert "Traceback" not in err, err
     assert '"event":"scheduler_call"' in err
     with pytest.raises(OSError):
         call("GET", f"http://127.0.0.1:{port}/healthz", timeout=2)
@@ -360,6 +361,7 @@ def test_serve_and_scheduler_commands_drain_a_queue_and_stop_on_sigterm(
     assert serve.returncode == 0, serve_err
     assert '"event":"scheduler_call"' in sched_err and '"status":200' in sched_err
     assert "SIGTERM" in sched_err and "SIGTERM" in serve_err
+    assert "Traceback" not in sched_err + serve_err
     assert not _listening(port)
 
 

@@ -4,6 +4,10 @@ The page is static HTML, JS and CSS (no build step); the server only fills in a 
 the Supabase settings, so the same files also work from a static host (they then poll).
 `GET /api/thumbnails/failures?group_id=&limit=` lists a group's recent failures with the same
 auth as the progress endpoint: the admin secret, or a user JWT under which RLS decides.
+
+Realtime (SUPABASE_URL and SUPABASE_ANON_KEY set) loads supabase-js from THUMBQ_SUPABASE_JS_URL
+(a Flask setting; default esm.sh) and subscribes to the group's row; only a live Supabase project
+exercises that path. The tests cover its fallback: supabase-js cannot load, the page polls.
 """
 
 from __future__ import annotations

@@ -28,9 +28,6 @@ from worker import db
 
 bp = Blueprint("pages", __name__, static_folder="static", static_url_path="/progress/static")
 
-# supabase-js as an ES module; override with the Flask setting THUMBQ_SUPABASE_JS_URL (a
-# self-hosted copy, a pinned version) where the CDN is not wanted or not reachable.
-DEFAULT_SUPABASE_JS_URL = "https://esm.sh/@supabase/supabase-js@2"
 FAILURES_DEFAULT_LIMIT = 20
 FAILURES_MAX_LIMIT = 100
 _CONFIG_SLOT = '<script id="thumbq-config" type="application/json">{}</script>'
@@ -68,7 +65,7 @@ def page_settings() -> dict[str, Any]:
             # The anon key is public by design (it ships in every Supabase frontend).
             "supabase_anon_key": config.supabase_anon_key,
             "supabase_js_url": current_app.config.get(
-                "THUMBQ_SUPABASE_JS_URL", DEFAULT_SUPABASE_JS_URL
+                "THUMBQ_SUPABASE_JS_URL", config.supabase_js_url
             ),
         }
     return settings

@@ -58,6 +58,9 @@ create index if not exists jobs_finished_idx on thumbq.jobs (completed_at)
   where completed_at is not null;
 create index if not exists jobs_errors_idx on thumbq.jobs (updated_at desc)
   where error_code is not null;
+-- The progress page lists one group's recent failures without reading other groups' errors.
+create index if not exists jobs_group_errors_idx on thumbq.jobs (group_id, updated_at desc)
+  where error_code is not null;
 
 -- One summary row per group, kept exact by statement-level triggers on jobs, so that a
 -- frontend follows one row (Realtime or polling) instead of N job rows.

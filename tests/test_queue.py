@@ -391,3 +391,15 @@ def test_named_queries_parse_and_each_name_is_unique() -> None:
     assert len(qs) == len(re.findall(r"^-- name:", text, re.M))
     with pytest.raises(ValueError):
         db.parse_queries("-- name: a\nselect 1\n-- name: a\nselect 2\n")
+
+
+def test_a_groups_recent_failures_come_from_its_own_index(conn: db.Conn) -> None:
+    conn.execute(
+        "insert into thumbq.jobs (group_id, source_key, status, error_code, last_error)"
+        " select 'g' || (i % 200), 'k' || i, 'failed', 'corrupt_input', 'bad'"
+        " from generate_series(1, 20000) i"
+    )
+    conn.execute("analyze thumbq.jobs")
+    sql = db.queries()["recent_failures_of_group"]
+    plan = conn.execute("explain (format json) " + sql, {"group_id": "g7", "limit": 20}).fetchone()
+    assert "jobs_group_errors_idx" in str(plan)

@@ -58,6 +58,8 @@ class Config:
     schedule: str = "*/5 * * * *"
     supabase_url: str | None = None
     supabase_anon_key: str | None = None
+    # Where the progress page loads supabase-js (an ES module) from, when Realtime is configured.
+    supabase_js_url: str = "https://esm.sh/@supabase/supabase-js@2"
 
     @property
     def deadline_ms(self) -> int:
@@ -112,4 +114,6 @@ class Config:
             schedule=env.get("THUMBQ_SCHEDULE") or "*/5 * * * *",
             supabase_url=_str(env, "SUPABASE_URL"),
             supabase_anon_key=_str(env, "SUPABASE_ANON_KEY"),
+            supabase_js_url=env.get("THUMBQ_SUPABASE_JS_URL")
+            or "https://esm.sh/@supabase/supabase-js@2",
         )

@@ -66,6 +66,9 @@ create index if not exists jobs_finished_idx on thumbq.jobs (completed_at)
   where completed_at is not null;
 create index if not exists jobs_errors_idx on thumbq.jobs (updated_at desc)
   where error_code is not null;
+-- The progress page lists one group's recent failures without reading other groups' errors.
+create index if not exists jobs_group_errors_idx on thumbq.jobs (group_id, updated_at desc)
+  where error_code is not null;
 
 -- One summary row per group, kept exact by statement-level triggers on jobs, so that a
 -- frontend follows one row (Realtime or polling) instead of N job rows.
@@ -149,7 +152,7 @@ create table if not exists thumbq.group_members (
 );
 
 insert into thumbq.schema_migrations (version, checksum)
-values ('001_schema', '1618e2b2d362a3bda2470a6d4bb3769c20e4d2f97110fee5fb23a7e404eb747f')
+values ('001_schema', '6e62a0c2d4eef15ffe68260f33907df5d3a0ab625e241f563b63fe0ae2f54797')
 on conflict (version) do update set checksum = excluded.checksum, applied_at = clock_timestamp();
 
 commit;

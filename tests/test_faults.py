@@ -1,0 +1,536 @@
+"""Faults: a worker killed anywhere, concurrent invocations, the database gone, hostile input at
+scale. Real Postgres, real file storage (observed through `LoggingStorage`), real render
+processes; nothing is mocked. Each test prints its figures as one JSON line (`pytest -s`), which
+docs/reliability.md reports.
+
+Budgets are shrunk (3 s with a 1 s buffer) so that the whole file runs in about three minutes on
+two cores; the visibility timeout is still the engine's (budget + VT_MARGIN_S = 23 s), so the
+recovery figures are the real ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.faultkit import (
+    LoggingStorage,
+    Worker,
+    driver_command,
+    driver_env,
+    hostile_run,
+    overlapping,
+    photo_jpeg,
+    processes_with,
+    put_counts,
+    read_log,
+    renders,
+    run_lines,
+    thumbnails_match,
+    tiny_png,
+    vector_pdf,
+)
+from tests.liveapp import call, live_app
+from worker import db
+from worker.batch import VT_MARGIN_S, run_batch
+from worker.config import Config
+from worker.render.process import RenderPool
+from worker.service import enqueue
+from worker.storage.file import TEMP_PREFIX, FileStorage
+
+BUDGET_MS = 3000
+BUFFER_MS = 1000
+# What an invocation may run past budget - buffer: thread joins, the last flush, finish_run
+# (the same allowance as tests/test_batch.py).
+MARGIN_MS = 600
+SECRET = "fault-secret"
+
+
+def report(name: str, figures: dict[str, Any]) -> None:
+    """Print a test's figures as one JSON line (seen with `pytest -s`)."""
+    print(json.dumps({"fault": name, **figures}, default=str))
+
+
+def make_config(tmp_path: Path, db_url: str, **env: str) -> Config:
+    return Config.from_env(
+        {
+            "THUMBQ_HOME": str(tmp_path / "home"),
+            "DATABASE_URL": db_url,
+            "THUMBQ_STORAGE_URL": (tmp_path / "storage").as_uri(),
+            "THUMBQ_BUDGET_MS": str(BUDGET_MS),
+            "THUMBQ_BUFFER_MS": str(BUFFER_MS),
+            "THUMBQ_CRON_SECRET": SECRET,
+            **env,
+        }
+    )
+
+
+def status_counts(conn: db.Conn) -> Counter[str]:
+    return Counter(
+        {
+            r["status"]: r["n"]
+            for r in conn.execute("select status, count(*) as n from thumbq.jobs group by status")
+        }
+    )
+
+
+def temp_files(root: Path) -> int:
+    """Temporary files left by puts that were killed before their rename."""
+    return sum(1 for _ in root.rglob(f"{TEMP_PREFIX}*"))
+
+
+def wait_for_ready(log: Path, pid: int, proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
+    """Wait until worker `pid` has its render pool up; False if it exited first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        if log.exists() and any(e.op == "ready" and e.pid == pid for e in read_log(log)):
+            return True
+        time.sleep(0.05)
+    raise AssertionError(f"worker {pid} not ready within {timeout_s} s")
+
+
+class LeaseWatch:
+    """Polls, from its own connection, how far past its lease any job still shows `processing`."""
+
+    def __init__(self, db_url: str, every_s: float = 0.25) -> None:
+        self.db_url = db_url
+        self.every_s = every_s
+        self.max_overdue_s = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> LeaseWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        with db.connect(self.db_url) as conn:
+            while not self._stop.is_set():
+                row = conn.execute(
+                    "select coalesce(max(extract(epoch from clock_timestamp() - lease_expires_at)),"
+                    " 0)::float8 as s from thumbq.jobs where status = 'processing'"
+                ).fetchone()
+                assert row is not None
+                self.max_overdue_s = max(self.max_overdue_s, row["s"])
+                self._stop.wait(self.every_s)
+
+
+# -- 1. crash anywhere ------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_worker_killed_anywhere_loses_nothing_and_no_file_is_rendered_twice_at_once(
+    tmp_path: Path, db_url: str
+) -> None:
+    """Two worker processes run batches over 200 files; 20 times (seeded), one of them is
+    SIGKILLed a random moment after it is up, and restarted."""
+    n_files, n_kills, rng = 200, 20, random.Random(20261125)
+    root, log = tmp_path / "storage", tmp_path / "storage.log"
+    marker = tmp_path / f"marker-{uuid.uuid4().hex}"
+    marker.mkdir()
+    storage = FileStorage(root)
+    items = []
+    for i in range(n_files):
+        if i % 2:
+            key, data, ctype = f"in/{i:03d}.pdf", vector_pdf(i, draws=120), "application/pdf"
+        else:
+            key, data, ctype = f"in/{i:03d}.jpg", photo_jpeg(i, (2400, 1800)), "image/jpeg"
+        storage.put(key, data, ctype)
+        items.append({"source_key": key, "content_type": ctype})
+    config = make_config(tmp_path, db_url)
+    with db.connect(db_url) as conn:
+        enqueue(conn, storage, config, items, "crash")
+
+    env = driver_env(
+        db_url, marker, budget_ms=BUDGET_MS, buffer_ms=BUFFER_MS, batch_size=12, concurrency=1
+    )
+    argv = driver_command(root, log, until_drained=True)
+    spawned = 0
+
+    def spawn() -> Worker:
+        nonlocal spawned
+        spawned += 1
+        return Worker(argv, env, tmp_path / f"worker-{spawned}.out")
+
+    deaths: dict[int, float] = {}
+    kills: list[dict[str, Any]] = []
+    workers = [spawn(), spawn()]
+    seen_alive = 0
+    started = time.time()
+    try:
+        with LeaseWatch(db_url) as watch:
+            for _ in range(n_kills):
+                i = rng.randrange(len(workers))
+                w = workers[i]
+                if not wait_for_ready(log, w.pid, w.proc, 30):
+                    break  # it finished: everything is done, nothing left to kill
+                time.sleep(rng.uniform(0.05, 1.0))
+                if w.proc.poll() is not None:
+                    break
+                # The leftover check below finds processes by this marker: prove that it can.
+                seen_alive = max(seen_alive, len(processes_with(marker.name)))
+                deaths[w.pid] = w.kill()
+                kills.append({"pid": w.pid, "t": deaths[w.pid]})
+                workers[i] = spawn()
+            last_kill = time.time()
+            exits = [w.proc.wait(180) for w in workers]
+            drained = time.time()
+        overdue = watch.max_overdue_s
+    finally:
+        for w in workers:
+            w.stop()
+
+    events = read_log(log)
+    attempts = renders(events, deaths)
+    by_key = Counter(r.key for r in attempts)
+    puts = put_counts(events)
+    in_flight_at_kill = sum(
+        1 for k in kills if any(r.pid == k["pid"] and r.end == k["t"] for r in attempts)
+    )
+    with db.connect(db_url) as conn:
+        statuses = status_counts(conn)
+        failed = conn.execute(
+            "select error_code, count(*) as n from thumbq.jobs where status = 'failed' group by 1"
+        ).fetchall()
+        checked = thumbnails_match(conn, storage)
+        runs = conn.execute("select count(*) as n from thumbq.batch_runs").fetchone()
+    time.sleep(0.3)  # the kernel delivers PDEATHSIG to render children asynchronously
+    leftovers = processes_with(marker.name)
+    figures = {
+        "files": n_files,
+        "kills": len(kills),
+        "kills_with_a_render_in_flight": in_flight_at_kill,
+        "statuses": dict(statuses),
+        "failed_by_code": {r["error_code"]: r["n"] for r in failed},
+        "render_attempts": len(attempts),
+        "files_rendered_more_than_once": sum(1 for n in by_key.values() if n > 1),
+        "thumbnails_written_more_than_once": sum(1 for n in puts.values() if n > 1),
+        "kill_phase_s": round(last_kill - started, 1),
+        "recovery_after_last_kill_s": round(drained - last_kill, 1),
+        "total_s": round(drained - started, 1),
+        "lease_s": BUDGET_MS // 1000 + VT_MARGIN_S,
+        "max_processing_past_lease_s": round(overdue, 1),
+        "batch_runs_started": runs["n"] if runs else None,
+        "temp_files_left": temp_files(root),
+        "processes_per_live_worker_tree_seen": seen_alive,
+        "leftover_processes": len(leftovers),
+    }
+    report("crash_anywhere", figures)
+
+    assert exits == [0, 0], [w.out.read_text()[-2000:] for w in workers]
+    assert len(kills) == n_kills, "the work ran out before every kill landed"
+    assert statuses["pending"] == statuses["processing"] == 0
+    assert sum(statuses.values()) == n_files
+    # A job whose lease was lost max_attempts times is dead-lettered, never left hanging.
+    assert set(statuses) <= {"completed", "failed"}
+    assert {r["error_code"] for r in failed} <= {"lease_expired"}
+    assert checked == statuses["completed"]
+    assert overlapping(attempts) == []
+    # Past its lease, a job is picked up by the next claim: within one run (+ polling slack).
+    assert overdue <= BUDGET_MS / 1000 + 2
+    assert seen_alive >= 3  # a worker, its zygote, a render child
+    assert leftovers == []
+
+
+# -- 2. concurrent invocations ----------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_four_concurrent_invocations_render_each_file_exactly_once(
+    tmp_path: Path, db_url: str
+) -> None:
+    """Four worker processes run small batches at the same time, again and again, until 1 000
+    tiny images are done."""
+    n_files, n_workers = 1000, 4
+    root, log = tmp_path / "storage", tmp_path / "storage.log"
+    marker = tmp_path / f"marker-{uuid.uuid4().hex}"
+    marker.mkdir()
+    storage = FileStorage(root, fsync=False)
+    items = []
+    for i in range(n_files):
+        storage.put(f"tiny/{i:04d}.png", tiny_png(i), "image/png")
+        items.append({"source_key": f"tiny/{i:04d}.png", "content_type": "image/png"})
+    config = make_config(tmp_path, db_url)
+    with db.connect(db_url) as conn:
+        enqueue(conn, storage, config, items[: n_files // 2], "left")
+        enqueue(conn, storage, config, items[n_files // 2 :], "right")
+    env = driver_env(db_url, marker, budget_ms=2000, buffer_ms=500, batch_size=25, concurrency=1)
+    argv = driver_command(root, log, until_drained=True, fsync=False)
+    started = time.time()
+    workers = [Worker(argv, env, tmp_path / f"worker-{i}.out") for i in range(n_workers)]
+    try:
+        for w in workers:
+            assert w.proc.wait(150) == 0, w.out.read_text()[-2000:]
+    finally:
+        for w in workers:
+            w.stop()
+    wall_s = time.time() - started
+
+    events = read_log(log)
+    puts = put_counts(events)
+    gets = Counter(e.key for e in events if e.op == "get")
+    runs = [r for w in workers for r in run_lines(w.out.read_text())]
+    with db.connect(db_url) as conn:
+        statuses = status_counts(conn)
+        mismatched = conn.execute(
+            """
+            select g.group_id from thumbq.groups g
+              left join (select group_id, count(*) as total,
+                                count(*) filter (where status = 'pending') as pending,
+                                count(*) filter (where status = 'processing') as processing,
+                                count(*) filter (where status = 'completed') as completed,
+                                count(*) filter (where status = 'failed') as failed,
+                                count(*) filter (where status = 'unsupported') as unsupported,
+                                count(*) filter (where status = 'cancelled') as cancelled
+                           from thumbq.jobs group by group_id) j using (group_id)
+             where (g.total, g.pending, g.processing, g.completed, g.failed, g.unsupported,
+                    g.cancelled)
+                   is distinct from (j.total, j.pending, j.processing, j.completed, j.failed,
+                                     j.unsupported, j.cancelled)
+            """
+        ).fetchall()
+        groups = {
+            r["group_id"]: r["completed"]
+            for r in conn.execute("select group_id, completed from thumbq.groups")
+        }
+        checked = thumbnails_match(conn, storage)
+    report(
+        "concurrent_invocations",
+        {
+            "files": n_files,
+            "workers": n_workers,
+            "runs": len(runs),
+            "rate_limited_runs": sum(1 for r in runs if r["stopped_reason"] == "rate_limited"),
+            "max_run_ms": max(r["duration_ms"] for r in runs),
+            "wall_s": round(wall_s, 1),
+            "thumbnail_puts": sum(puts.values()),
+            "keys_written_twice": sum(1 for n in puts.values() if n > 1),
+            "sources_read_twice": sum(1 for n in gets.values() if n > 1),
+            "statuses": dict(statuses),
+            "groups": groups,
+        },
+    )
+    assert statuses == Counter({"completed": n_files})
+    assert len(puts) == n_files and set(puts.values()) == {1}
+    assert len(gets) == n_files and set(gets.values()) == {1}
+    assert checked == n_files
+    assert mismatched == []
+    assert groups == {"left": n_files // 2, "right": n_files // 2}
+    assert sum(r["succeeded"] for r in runs) == n_files
+
+
+# -- 3. database gone -------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_terminated_backend_ends_the_invocation_and_the_next_runs_finish_the_work(
+    tmp_path: Path, db_url: str
+) -> None:
+    """`pg_terminate_backend` on the batch's connection while renders are in flight."""
+    n_files = 30
+    log = tmp_path / "storage.log"
+    config = make_config(tmp_path, db_url, THUMBQ_CONCURRENCY="2")
+    storage = LoggingStorage(tmp_path / "storage", log)
+    items = []
+    for i in range(n_files):
+        storage.put(f"deck/{i:02d}.pdf", vector_pdf(i, draws=150), "application/pdf")
+        items.append({"source_key": f"deck/{i:02d}.pdf", "content_type": "application/pdf"})
+    from worker.batch import render_options
+
+    outcome: dict[str, Any] = {}
+    with (
+        db.connect(db_url) as admin,
+        RenderPool(render_options(config), 2, config.render_memory_mb) as pool,
+    ):
+        enqueue(admin, storage, config, items, "deck")
+        conn = db.connect(db_url)
+
+        def invocation() -> None:
+            try:
+                outcome["result"] = run_batch(config, conn, storage, pool)
+            except Exception as exc:
+                outcome["error"] = exc
+
+        t = threading.Thread(target=invocation)
+        started = time.monotonic()
+        t.start()
+        deadline = time.monotonic() + 10
+        while sum(1 for e in read_log(log) if e.op == "get") < 3:
+            assert time.monotonic() < deadline, "no render started"
+            time.sleep(0.01)
+        admin.execute("select pg_terminate_backend(%s)", [conn.info.backend_pid])
+        terminated = time.monotonic()
+        t.join(BUDGET_MS / 1000 + 5)
+        ended_s = time.monotonic() - started
+        assert not t.is_alive(), "the invocation hangs after its connection was terminated"
+        conn.close()
+
+        # Following runs, each on a fresh connection, until everything is done.
+        runs = []
+        while True:
+            with db.connect(db_url) as c:
+                runs.append(run_batch(config, c, storage, pool))
+                left = status_counts(c)
+            if left["pending"] + left["processing"] == 0:
+                break
+            assert time.monotonic() - terminated < BUDGET_MS / 1000 + VT_MARGIN_S + 30, left
+            time.sleep(0.5)
+        recovered_s = time.monotonic() - terminated
+        statuses = status_counts(admin)
+        checked = thumbnails_match(admin, storage)
+    attempts = renders(read_log(log), {})
+    by_key = Counter(r.key for r in attempts)
+    report(
+        "terminate_backend",
+        {
+            "files": n_files,
+            "invocation_outcome": repr(outcome.get("error")) if "error" in outcome else "returned",
+            "invocation_wall_s": round(ended_s, 2),
+            "recovered_after_s": round(recovered_s, 1),
+            "following_runs": len(runs),
+            "files_rendered_more_than_once": sum(1 for n in by_key.values() if n > 1),
+            "statuses": dict(statuses),
+        },
+    )
+    assert ended_s <= (BUDGET_MS - BUFFER_MS + MARGIN_MS) / 1000 + 1
+    assert isinstance(outcome.get("error"), psycopg.OperationalError) or "result" in outcome
+    assert statuses == Counter({"completed": n_files})
+    assert checked == n_files
+    assert overlapping(attempts) == []
+
+
+@contextlib.contextmanager
+def throwaway_server() -> Iterator[tuple[Any, Path]]:
+    """An embedded Postgres (pgserver) in a fresh folder, stopped and removed afterwards."""
+    import pgserver
+
+    folder = Path(tempfile.mkdtemp(prefix="thumbq-pg-"))
+    server = pgserver.get_server(folder / "pgdata", cleanup_mode="stop")
+    try:
+        yield server, folder
+    finally:
+        with contextlib.suppress(Exception):
+            pgserver.get_server(folder / "pgdata", cleanup_mode="stop").cleanup()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_with_the_database_stopped_the_endpoints_answer_503_and_the_work_waits(
+    tmp_path: Path,
+) -> None:
+    """A throw-away Postgres is stopped between runs and started again."""
+    import pgserver
+
+    with throwaway_server() as (server, folder):
+        url = str(server.get_uri())
+        with db.connect(url) as conn:
+            db.init_schema(conn)
+        config = make_config(tmp_path, url, THUMBQ_CONCURRENCY="2")
+        storage = FileStorage(tmp_path / "storage")
+        items = []
+        for i in range(12):
+            storage.put(f"p/{i}.png", tiny_png(i, (400, 300)), "image/png")
+            items.append({"source_key": f"p/{i}.png"})
+        with db.connect(url) as conn:
+            enqueue(conn, storage, config, items, "outage")
+
+        with live_app(config, db_timeout_s=1.0) as srv:
+            base = f"{srv.url}/api/thumbnails"
+            status, body, _ = call("POST", f"{base}/batch-generate", SECRET, {"max_items": 4})
+            assert status == 200 and body is not None and body["succeeded"] == 4, body
+            assert call("GET", f"{base}/progress?group_id=outage", SECRET)[0] == 200
+
+            server.cleanup()  # stopped
+            down: list[dict[str, Any]] = []
+            calls: list[tuple[str, str, dict[str, Any] | None]] = [
+                ("POST", "/batch-generate", {}),
+                ("GET", "/progress?group_id=outage", None),
+                ("POST", "/batch-generate", {}),
+                ("GET", "/progress?group_id=outage", None),
+            ]
+            for method, path, payload in calls:
+                t = time.monotonic()
+                status, body, headers = call(method, base + path, SECRET, payload)
+                down.append(
+                    {
+                        "call": f"{method} {path.split('?')[0]}",
+                        "status": status,
+                        "retry_after": headers.get("Retry-After"),
+                        "code": (body or {}).get("error", {}).get("code"),
+                        "ms": round((time.monotonic() - t) * 1000),
+                    }
+                )
+                assert status == 503, (path, status, body)
+                assert headers.get("Retry-After", "").isdigit()
+                assert body is not None and set(body) == {"error"}
+                assert body["error"]["code"] == "database_unavailable"
+                assert body["error"]["message"]
+
+            server = pgserver.get_server(folder / "pgdata", cleanup_mode="stop")  # started again
+            restarted = time.monotonic()
+            after: list[int] = []
+            for _ in range(10):
+                status, body, _ = call("POST", f"{base}/batch-generate", SECRET, {})
+                after.append(status)
+                if status == 200 and body is not None and body["remaining"] == 0:
+                    break
+            progress_statuses = []
+            for _ in range(5):
+                status, pbody, _ = call("GET", f"{base}/progress?group_id=outage", SECRET)
+                progress_statuses.append(status)
+                if status == 200:
+                    break
+            recovered_s = time.monotonic() - restarted
+        with db.connect(url) as conn:
+            statuses = status_counts(conn)
+            checked = thumbnails_match(conn, storage)
+    report(
+        "database_stopped",
+        {
+            "while_down": down,
+            "batch_statuses_after_restart": after,
+            "progress_statuses_after_restart": progress_statuses,
+            "recovered_s": round(recovered_s, 2),
+            "statuses": dict(statuses),
+        },
+    )
+    assert all(d["ms"] < 5000 for d in down)
+    assert after[-1] == 200 and progress_statuses[-1] == 200
+    assert pbody is not None and pbody["completed"] == 12
+    assert statuses == Counter({"completed": 12}) and checked == 12
+
+
+# -- 5. hostile input at scale ----------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_hostile_input_at_scale_never_overruns_nor_exceeds_memory(
+    tmp_path: Path, db_url: str
+) -> None:
+    """150 files (50 from the corpus), scaled down from bench/hostile.py's 1 000."""
+    figures = hostile_run(tmp_path, db_url, 150, budget_ms=BUDGET_MS, buffer_ms=BUFFER_MS)
+    report("hostile_input", figures)
+    assert figures["wrong_outcomes"] == []
+    assert figures["thumbnails_checked"] == figures["statuses"]["completed"]
+    assert figures["max_duration_ms"] <= BUDGET_MS - BUFFER_MS + MARGIN_MS, figures
+    assert figures["peak_rss_tree_mb"] < 1024

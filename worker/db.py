@@ -94,7 +94,9 @@ def one(conn: Conn, name: str, params: Mapping[str, Any] | None = None) -> dict[
 def ensure_pgmq(conn: Conn) -> str:
     """Make pgmq available: already there, the extension where offered, else the package's SQL.
 
-    Returns how: "present", "extension" or "sql". Call inside a transaction.
+    Returns how: "present", "extension" or "sql". Call inside a transaction: when the pgmq found
+    (or installed) lacks a function thumbq calls, raises RuntimeError naming it, and the caller's
+    rollback leaves nothing half-applied.
     """
     row = conn.execute(
         "select exists(select 1 from pg_namespace where nspname = 'pgmq') as has_schema,"
@@ -102,15 +104,74 @@ def ensure_pgmq(conn: Conn) -> str:
     ).fetchone()
     assert row is not None
     if row["has_schema"]:
-        return "present"
-    if row["offered"]:
+        how = "present"
+    elif row["offered"]:
+        # The server's default version may be older than the API thumbq needs: checked below.
         conn.execute("create extension if not exists pgmq")
-        return "extension"
-    # The SQL-only install cannot run twice (its types would exist): guarded by the check above.
-    from pgmq.install import get_embedded_install_sql, install_pgmq_sql
+        how = "extension"
+    else:
+        # The SQL-only install cannot run twice (its types would exist): guarded by the check
+        # above.
+        from pgmq.install import get_embedded_install_sql, install_pgmq_sql
 
-    install_pgmq_sql(get_embedded_install_sql(), conn=conn)  # type: ignore[arg-type]
-    return "sql"
+        install_pgmq_sql(get_embedded_install_sql(), conn=conn)  # type: ignore[arg-type]
+        how = "sql"
+
+    # Every pgmq call in sql/, as (name, argument types, result columns used). A function is
+    # callable when its leading arguments are exactly these and the rest have defaults: pgmq
+    # 1.5+ added `conditional jsonb default '{}'` to read(), so an exact 1.4.4 signature test
+    # (to_regprocedure) would turn away newer installs that run thumbq's calls unchanged.
+    wanted = [
+        ("list_queues", [], ["queue_name"]),
+        ("create", ["text"], []),
+        ("send", ["text", "jsonb"], []),
+        ("read", ["text", "integer", "integer"], ["msg_id", "message"]),
+        ("delete", ["text", "bigint"], []),
+        ("delete", ["text", "bigint[]"], []),
+        ("set_vt", ["text", "bigint", "integer"], []),
+        ("metrics", ["text"], ["queue_length", "newest_msg_age_sec", "oldest_msg_age_sec"]),
+    ]
+    found = conn.execute(
+        "select p.proname as name, p.pronargs - p.pronargdefaults as required,"
+        " array(select format_type(t, null) from unnest(p.proargtypes) with ordinality a(t, i)"
+        "       order by i) as args,"
+        " coalesce((select array_agg(n) from unnest(p.proallargtypes, p.proargmodes, p.proargnames)"
+        "           as o(t, m, n) where m in ('o', 't', 'b')),"
+        "          (select array_agg(a.attname::text) from pg_type r join pg_attribute a"
+        "             on a.attrelid = r.typrelid and a.attnum > 0 and not a.attisdropped"
+        "            where r.oid = p.prorettype), '{}') as columns"
+        " from pg_proc p where p.pronamespace = 'pgmq'::regnamespace and p.proname = any(%s)",
+        [sorted({w[0] for w in wanted})],
+    ).fetchall()
+    missing = []
+    for name, args, columns in wanted:
+        ok = any(
+            f["name"] == name
+            and f["required"] <= len(args)
+            and f["args"][: len(args)] == args
+            and set(columns) <= set(f["columns"])
+            for f in found
+        )
+        if not ok:
+            missing.append(
+                f"pgmq.{name}({', '.join(args)})"
+                + (f" returning {', '.join(columns)}" if columns else "")
+            )
+    if missing:
+        ext = conn.execute("select extversion from pg_extension where extname = 'pgmq'").fetchone()
+        version = (
+            f"the pgmq extension, version {ext['extversion']}"
+            if ext
+            else "a pgmq installed without the extension (version unknown)"
+        )
+        raise RuntimeError(
+            f"thumbq: this database has {version}, which lacks what thumbq calls: "
+            f"{'; '.join(missing)}. thumbq needs the pgmq 1.4.4 API or newer (Supabase ships "
+            "1.4.4 and 1.5.x). Upgrade pgmq (`alter extension pgmq update;` where it is the "
+            "extension; a SQL-only install must be replaced) and run `thumbq db init` "
+            "again. Nothing was changed."
+        )
+    return how
 
 
 def init_schema(conn: Conn) -> dict[str, Any]:

@@ -277,6 +277,30 @@ def _print_table(
         print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)), file=stream)
 
 
+def cmd_watch(config: Config, args: argparse.Namespace) -> int:
+    import os
+
+    from worker.watch import WatchOptions, watch
+
+    # A user's access token is a per-person credential, not service configuration: read here,
+    # for this command only.
+    user_jwt = args.token or os.environ.get("THUMBQ_USER_JWT") or None
+    opts = WatchOptions(
+        api_url=(args.api_url or config.api_url).rstrip("/"),
+        # The user's token first: it sees what that user may see, and no more.
+        api_token=user_jwt or config.cron_secret,
+        supabase_url=config.supabase_url,
+        supabase_anon_key=config.supabase_anon_key,
+        user_jwt=user_jwt,
+        timeout_s=args.timeout,
+    )
+    try:
+        return watch(opts, args.group, sys.stdout, sys.stderr)
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+
+
 # -- serving: serve, scheduler, up --------------------------------------------------------------
 
 SECRET_FILE = "cron_secret"  # noqa: S105 (a file name)
@@ -488,6 +512,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("cancel", cmd_cancel, "cancel a group's pending and processing jobs")
     sp.add_argument("group")
     add("cleanup-stale", cmd_cleanup_stale, "reset processing jobs whose lease expired")
+
+    sp = add(
+        "watch", cmd_watch, "follow a group's progress (Supabase Realtime or polling) until done"
+    )
+    sp.add_argument("group")
+    sp.add_argument("--api-url", default=None, help="default: THUMBQ_API_URL")
+    sp.add_argument("--token", default=None, help="default: THUMBQ_USER_JWT")
+    sp.add_argument("--timeout", type=float, default=None, help="give up after this many s")
 
     sp = add("demo", cmd_demo, "make sample files, enqueue them, drain with a progress bar")
     sp.add_argument("--max-runs", type=int, default=20)

@@ -7,6 +7,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+# The memory of a serverless function (Netlify's limit, Vercel's default). The render processes
+# share what the worker leaves of it; the reserve holds Python with psycopg (about 100 MB), the
+# zygote (about 50 MB) and the source files in flight.
+FUNCTION_MEMORY_MB = 1024
+WORKER_RESERVE_MB = 384
+
+
+def default_render_memory_mb(concurrency: int) -> int:
+    """Per render process: the function's memory less the worker's, split between the
+    `concurrency` processes that may render at once, so that together they cannot exceed it."""
+    return max(64, (FUNCTION_MEMORY_MB - WORKER_RESERVE_MB) // max(concurrency, 1))
+
 
 class ConfigError(ValueError):
     """A configuration value that cannot be used, with the variable named."""
@@ -52,7 +64,7 @@ class Config:
     max_pixels: int = 80_000_000
     max_pages: int = 10_000
     max_bytes: int = 100 * 1024 * 1024
-    render_memory_mb: int = 768
+    render_memory_mb: int = 320  # default_render_memory_mb(2)
     rate_bucket: str = "thumbnail_generation"
     api_url: str = "http://127.0.0.1:8000"
     schedule: str = "*/5 * * * *"
@@ -84,6 +96,7 @@ class Config:
         buffer_ms = _int(env, "THUMBQ_BUFFER_MS", 2_000, lo=0, hi=600_000)
         if buffer_ms >= budget_ms:
             raise ConfigError("THUMBQ_BUFFER_MS must be smaller than THUMBQ_BUDGET_MS")
+        concurrency = _int(env, "THUMBQ_CONCURRENCY", os.cpu_count() or 1, lo=1, hi=64)
         fmt = (env.get("THUMBQ_THUMB_FORMAT") or "webp").lower()
         if fmt == "jpg":
             fmt = "jpeg"
@@ -100,7 +113,7 @@ class Config:
             budget_ms=budget_ms,
             buffer_ms=buffer_ms,
             batch_size=_int(env, "THUMBQ_BATCH_SIZE", 500, lo=1, hi=10_000),
-            concurrency=_int(env, "THUMBQ_CONCURRENCY", os.cpu_count() or 1, lo=1, hi=64),
+            concurrency=concurrency,
             max_attempts=_int(env, "THUMBQ_MAX_ATTEMPTS", 3, lo=1, hi=100),
             thumb_size=_int(env, "THUMBQ_THUMB_SIZE", 512, lo=16, hi=4096),
             thumb_format=fmt,
@@ -108,7 +121,13 @@ class Config:
             max_pixels=_int(env, "THUMBQ_MAX_PIXELS", 80_000_000, lo=1, hi=2_000_000_000),
             max_pages=_int(env, "THUMBQ_MAX_PAGES", 10_000, lo=1, hi=10_000_000),
             max_bytes=_int(env, "THUMBQ_MAX_BYTES", 100 * 1024 * 1024, lo=1, hi=2**40),
-            render_memory_mb=_int(env, "THUMBQ_RENDER_MEMORY_MB", 768, lo=64, hi=65_536),
+            render_memory_mb=_int(
+                env,
+                "THUMBQ_RENDER_MEMORY_MB",
+                default_render_memory_mb(concurrency),
+                lo=64,
+                hi=65_536,
+            ),
             rate_bucket=env.get("THUMBQ_RATE_BUCKET") or "thumbnail_generation",
             api_url=(env.get("THUMBQ_API_URL") or "http://127.0.0.1:8000").rstrip("/"),
             schedule=env.get("THUMBQ_SCHEDULE") or "*/5 * * * *",

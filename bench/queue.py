@@ -7,7 +7,8 @@ Three ways to move N messages through Postgres with nothing to do per item:
 - thumbq's whole batch (`run_batch`) with a no-op storage and renderer: claims sized by
   prediction, worker threads, buffered completions, release, the batch_runs row.
 
-Run: python bench/queue.py [--items 5000] [--rounds 3]
+Run: python -m bench.queue [--items 5000] [--rounds 3]  (as a module: run by path, this file
+would shadow the standard library's queue module)
 """
 
 from __future__ import annotations

@@ -212,7 +212,8 @@ def write_hostile_mix(
     """Write `total` files: a third cycled from the corpus (every sample but the minutes-long
     PDF, whose place is taken by `slow` copies of it enqueued with max_attempts 1 so that each
     costs one render window, not three), the rest small good images and PDFs; then `hogs`
-    legal PNGs that need about 256 MB each to decode (under the default render memory limit)."""
+    legal 8000x8000 RGBA PNGs (under the pixel limit) that need about 530 MB each to render:
+    more than the default share of a render process at concurrency 2, so refused too_large."""
     from tests.corpus import CORPUS, memory_hog_png
 
     samples = [s for name, s in CORPUS.items() if name != "slow_pdf"]
@@ -242,7 +243,7 @@ def write_hostile_mix(
     for i in range(hogs):
         key = f"hog/{i:04d}.png"
         storage.put(key, memory_hog_png(), "image/png")
-        plan.append(Planned(key, "image/png", "completed", None))
+        plan.append(Planned(key, "image/png", "failed", "too_large"))
     return plan
 
 

@@ -43,6 +43,10 @@ FLUSH_EVERY_S = 0.25
 # the invocation's working time; one that merely started late is released and goes first next
 # time, where it gets a whole window.
 FAIR_SHARE = 0.5
+# A database call still unanswered this long after the deadline (and at least at the end of the
+# budget) has its connection cut: a stalled server or a dropped network never answers, and a
+# cancel request would need the stuck backend to act on it.
+SEVER_AFTER_DEADLINE_MS = 1000
 
 
 @dataclass
@@ -315,6 +319,10 @@ def run_batch(
         from worker.render.process import RenderPool
 
         pool = RenderPool(render_options(config), config.concurrency, config.render_memory_mb)
+    sever_ms = max(budget_ms, budget_ms - buffer_ms + SEVER_AFTER_DEADLINE_MS)
+    watchdog = threading.Timer(sever_ms / 1000, _sever, args=(conn, worker_id, sever_ms))
+    watchdog.daemon = True
+    watchdog.start()
     try:
         start = db.one(
             conn,
@@ -387,8 +395,28 @@ def run_batch(
         log_event("batch_run", worker_id=worker_id, **asdict(result), errors=run.errors[:5] or None)
         return result
     finally:
+        watchdog.cancel()
         if own_pool:
             pool.close()
+
+
+def _sever(conn: db.Conn, worker_id: str, after_ms: int) -> None:
+    """Shut the connection's socket down, so that every call waiting on it fails at once with
+    OperationalError and the invocation ends (its leases expire as if it had been killed).
+
+    Only shutdown, not close: the descriptor stays the connection's until it is closed."""
+    try:
+        fd = conn.pgconn.socket
+        sock = socket.socket(fileno=os.dup(fd))
+    except Exception:  # already closed or broken: nothing is waiting on it
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        sock.close()
+    log_event("batch_db_severed", worker_id=worker_id, after_ms=after_ms)
 
 
 def render_options(config: Config) -> Any:

@@ -49,6 +49,7 @@ class LoggingStorage(FileStorage):
         self, root: str | os.PathLike[str], log_path: str | os.PathLike[str], *, fsync: bool = True
     ) -> None:
         super().__init__(root, fsync=fsync)
+        self.log_path = Path(log_path)
         self._log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def log(self, op: str, key: str, **extra: Any) -> None:

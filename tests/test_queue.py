@@ -403,3 +403,18 @@ def test_a_groups_recent_failures_come_from_its_own_index(conn: db.Conn) -> None
     sql = db.queries()["recent_failures_of_group"]
     plan = conn.execute("explain (format json) " + sql, {"group_id": "g7", "limit": 20}).fetchone()
     assert "jobs_group_errors_idx" in str(plan)
+
+
+def test_a_changed_schema_file_reapplies_every_later_file_too(conn: db.Conn) -> None:
+    # As if 005 had changed since it was applied: its grants run again, and so must 008's
+    # revokes after them, or users could call the admin functions.
+    conn.execute(
+        "update thumbq.schema_migrations set checksum = 'old' where version = '005_security'"
+    )
+    applied = db.init_schema(conn)["applied"]
+    later = [p.stem for p in db.schema_files() if p.stem >= "005_security"]
+    assert applied == later
+    row = conn.execute(
+        "select has_function_privilege('authenticated', 'thumbq.cancel(text)', 'execute') as can"
+    ).fetchone()
+    assert row["can"] is False

@@ -113,7 +113,8 @@ class _Run:
         self.waiting: deque[ClaimedJob] = deque()
         self.claimed = 0
         self.in_flight = 0
-        self.exhausted: str | None = None  # drained | rate_limited | max_items
+        self.exhausted: str | None = None  # drained | rate_limited | max_items | error
+        self.claim_error: Exception | None = None
         self.time_stopped = False
         self.retry_after_ms: int | None = None
         self.counts = {"processed": 0, "succeeded": 0, "failed": 0, "retried": 0, "skipped": 0}
@@ -173,7 +174,14 @@ class _Run:
                     return None
                 if self.exhausted:
                     return None
-                self._claim_more()
+                try:
+                    self._claim_more()
+                except Exception as exc:
+                    # The database is gone: stop claiming; run_batch reports it after the
+                    # items in flight have ended (their leases keep them safe meanwhile).
+                    self.claim_error = exc
+                    self.exhausted = "error"
+                    return None
 
     # -- doing work -------------------------------------------------------------------------
 
@@ -357,6 +365,8 @@ def run_batch(
         for t in threads:
             t.join()
         run.flush()
+        if run.claim_error is not None:
+            raise run.claim_error
 
         unstarted = [j.id for j in run.waiting] + run.late
         released = queue.release(worker_id, unstarted) if unstarted else 0

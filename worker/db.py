@@ -175,7 +175,8 @@ def ensure_pgmq(conn: Conn) -> str:
 
 
 def init_schema(conn: Conn) -> dict[str, Any]:
-    """Install pgmq and apply every schema file not yet applied at its current checksum.
+    """Install pgmq and apply every schema file not yet applied at its current checksum, and
+    every file after the first one applied.
 
     All in one transaction under an advisory lock: concurrent callers wait, and a failure
     leaves nothing half-applied. Safe to run again and again.
@@ -197,7 +198,9 @@ def init_schema(conn: Conn) -> dict[str, Any]:
         for path in schema_files():
             text = path.read_text(encoding="utf-8")
             checksum = hashlib.sha256(text.encode()).hexdigest()
-            if done.get(path.stem) == checksum:
+            # Once one file changed, every later one runs again too: later files may undo or
+            # refine what an earlier one does (008's revokes after 005's grants).
+            if not applied and done.get(path.stem) == checksum:
                 continue
             conn.execute(text.encode())  # several statements: simple query protocol
             conn.execute(

@@ -344,6 +344,23 @@ def test_four_concurrent_invocations_render_each_file_exactly_once(
 # -- 3. database gone -------------------------------------------------------------------------
 
 
+def local_backend(conn: db.Conn) -> bool:
+    """Whether `conn`'s backend is a process on this machine that we may signal: its title names
+    the connection's database (a server in a container or elsewhere has other pids)."""
+    pid, dbname = conn.info.backend_pid, conn.info.dbname
+    try:
+        title = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    if b"postgres" not in title or dbname.encode() not in title:
+        return False
+    try:
+        os.kill(pid, 0)  # may we signal it?
+    except OSError:
+        return False
+    return True
+
+
 def invocation_with_fault(
     config: Config, db_url: str, storage: LoggingStorage, pool: RenderPool, fault: str
 ) -> dict[str, Any]:
@@ -375,6 +392,7 @@ def invocation_with_fault(
             with db.connect(db_url) as admin:
                 admin.execute("select pg_terminate_backend(%s)", [backend])
         else:
+            assert local_backend(conn), "refusing to signal a process that is not our backend"
             os.kill(backend, signal.SIGSTOP)
         t.join(BUDGET_MS / 1000 + 10)
         ended_s = time.monotonic() - started
@@ -416,10 +434,10 @@ def test_a_terminated_or_stalled_backend_ends_the_invocation_in_time_and_nothing
         RenderPool(render_options(config), 2, config.render_memory_mb) as pool,
     ):
         enqueue(admin, storage, config, items, "deck")
-        faults = [
-            invocation_with_fault(config, db_url, storage, pool, "terminate"),
-            invocation_with_fault(config, db_url, storage, pool, "stall"),
-        ]
+        faults = [invocation_with_fault(config, db_url, storage, pool, "terminate")]
+        # Stopping a backend needs the server on this machine (and the right to signal it).
+        if local_backend(admin):
+            faults.append(invocation_with_fault(config, db_url, storage, pool, "stall"))
         last_fault = time.monotonic()
 
         # Following runs, each on a fresh connection, until everything is done.
@@ -442,6 +460,7 @@ def test_a_terminated_or_stalled_backend_ends_the_invocation_in_time_and_nothing
         {
             "files": n_files,
             "invocations": [{k: v for k, v in f.items() if k != "error"} for f in faults],
+            "stall_tried": len(faults) == 2,
             "recovered_after_last_fault_s": round(recovered_s, 1),
             "following_runs": len(runs),
             "files_rendered_more_than_once": sum(1 for n in by_key.values() if n > 1),

@@ -199,6 +199,14 @@ class S3Storage:
             body.close()
         if max_bytes is not None and len(data) > max_bytes:
             raise _too_large(key, len(data), max_bytes)
+        if size is not None and len(data) != size:
+            # A bounded read() returns what arrived before the connection dropped without
+            # checking the length (only an unbounded one does): a cut-off body must not pass
+            # for the whole file, which would render (or fail as corrupt) a fraction of it.
+            raise StorageError(
+                f"S3 GET {self._where(key)} failed: the connection closed after "
+                f"{len(data)} of {size} bytes"
+            )
         info = ObjectInfo(
             key=key,
             etag=_etag(resp.get("ETag")),

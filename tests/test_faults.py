@@ -344,10 +344,10 @@ def test_four_concurrent_invocations_render_each_file_exactly_once(
 # -- 3. database gone -------------------------------------------------------------------------
 
 
-def local_backend(conn: db.Conn) -> bool:
-    """Whether `conn`'s backend is a process on this machine that we may signal: its title names
-    the connection's database (a server in a container or elsewhere has other pids)."""
-    pid, dbname = conn.info.backend_pid, conn.info.dbname
+def local_backend(conn: db.Conn, pid: int | None = None) -> bool:
+    """Whether `pid` (default: `conn`'s backend) is a process on this machine that we may signal:
+    its title names `conn`'s database (a server in a container or elsewhere has other pids)."""
+    pid, dbname = pid or conn.info.backend_pid, conn.info.dbname
     try:
         title = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
@@ -475,6 +475,65 @@ def test_a_terminated_or_stalled_backend_ends_the_invocation_in_time_and_nothing
     assert statuses == Counter({"completed": n_files})
     assert checked == n_files
     assert overlapping(attempts) == []
+
+
+@pytest.mark.slow
+def test_a_stalled_database_answers_503_within_the_budget_and_frees_the_batch_lock(
+    tmp_path: Path, db_url: str
+) -> None:
+    """The HTTP endpoint, its batch connection's backend stopped (SIGSTOP) mid-run.
+
+    Regression: the request waited as long as the database did, holding the process's batch
+    lock, so every later batch-generate would have answered 409 batch_in_progress."""
+    config = make_config(tmp_path, db_url, THUMBQ_CONCURRENCY="2")
+    storage = FileStorage(tmp_path / "storage")
+    items = []
+    for i in range(20):
+        storage.put(f"deck/{i:02d}.pdf", vector_pdf(i, draws=150), "application/pdf")
+        items.append({"source_key": f"deck/{i:02d}.pdf"})
+    with db.connect(db_url) as admin:
+        if not local_backend(admin):
+            pytest.skip("the database server is not a local process we may signal")
+        enqueue(admin, storage, config, items, "http")
+        with live_app(config, db_timeout_s=1.0) as srv:
+            url = f"{srv.url}/api/thumbnails/batch-generate"
+            answer: dict[str, Any] = {}
+
+            def post() -> None:
+                t = time.monotonic()
+                answer["status"], answer["body"], answer["headers"] = call("POST", url, SECRET, {})
+                answer["s"] = time.monotonic() - t
+
+            thread = threading.Thread(target=post)
+            thread.start()
+            deadline = time.monotonic() + 10
+            backend = None
+            while backend is None:
+                assert time.monotonic() < deadline, "the batch never claimed anything"
+                row = admin.execute(
+                    "select a.pid from pg_stat_activity a"
+                    " where a.datname = current_database() and a.application_name = 'thumbq-batch'"
+                    " and exists (select 1 from thumbq.jobs where status = 'processing')"
+                ).fetchone()
+                backend = row["pid"] if row else None
+                time.sleep(0.02)
+            assert local_backend(admin, backend)
+            os.kill(backend, signal.SIGSTOP)
+            try:
+                thread.join(BUDGET_MS / 1000 + 10)
+            finally:
+                os.kill(backend, signal.SIGCONT)
+            thread.join(30)
+            again, body, _ = call("POST", url, SECRET, {})
+    report(
+        "stalled_database_http",
+        {"status": answer["status"], "seconds": round(answer["s"], 2), "next_call": again},
+    )
+    assert answer["status"] == 503, answer
+    assert answer["headers"].get("Retry-After", "").isdigit()
+    assert answer["body"]["error"]["code"] == "database_unavailable"
+    assert answer["s"] <= BUDGET_MS / 1000 + 1
+    assert again == 200, body  # not 409: the batch lock was released
 
 
 @contextlib.contextmanager

@@ -58,6 +58,15 @@ def json_body(*, optional: bool = False) -> dict[str, Any]:
     return body
 
 
+def _encodable(text: str) -> bool:
+    # A lone surrogate ("\ud800" in JSON) is a str in Python but cannot be sent to Postgres.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def check_fields(
     obj: Mapping[str, Any],
     *,
@@ -144,9 +153,10 @@ def enqueue_items(body: Mapping[str, Any]) -> list[dict[str, Any]]:
         }
         if item.get("etag") is not None:
             etag = typed(item["etag"], str, f"{where}.etag")
-            if len(etag) > MAX_ETAG_LENGTH or "\x00" in etag:
+            if len(etag) > MAX_ETAG_LENGTH or "\x00" in etag or not _encodable(etag):
                 raise bad_request(
-                    f"{where}.etag must be at most {MAX_ETAG_LENGTH} characters without NUL"
+                    f"{where}.etag must be at most {MAX_ETAG_LENGTH} characters of valid "
+                    "Unicode without NUL"
                 )
             clean["etag"] = etag
         if item.get("content_type") is not None:

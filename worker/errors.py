@@ -47,7 +47,12 @@ def validate_key(key: str, *, max_length: int = 1024) -> str:
     """Return `key` if it is a safe relative object key, else raise `InvalidKey`."""
     if not isinstance(key, str) or not key:
         raise InvalidKey("key must be a non-empty string")
-    if len(key.encode("utf-8", "surrogatepass")) > max_length:
+    try:
+        # JSON's "\ud800" decodes to a lone surrogate, which no database or storage can store.
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidKey("key is not valid Unicode (it contains a lone surrogate)") from None
+    if len(key.encode("utf-8")) > max_length:
         raise InvalidKey(f"key is longer than {max_length} bytes")
     if "\x00" in key:
         raise InvalidKey("key contains a NUL byte")

@@ -174,7 +174,10 @@ def cmd_demo(config: Config, args: argparse.Namespace) -> int:
         with RenderPool(
             render_options(config), config.concurrency, config.render_memory_mb
         ) as pool:
-            for _ in range(args.max_runs):
+            # Until drained: a retry after a transient failure waits out its backoff (15 to
+            # 30 s for the first), so the bound is time, not a number of runs.
+            give_up = time.monotonic() + args.max_seconds
+            while time.monotonic() < give_up:
                 result = run_batch(config, conn, storage, pool)
                 runs.append(result.response())
                 progress = _queue(config, conn).progress(group) or {}
@@ -522,7 +525,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--timeout", type=float, default=None, help="give up after this many s")
 
     sp = add("demo", cmd_demo, "make sample files, enqueue them, drain with a progress bar")
-    sp.add_argument("--max-runs", type=int, default=20)
+    sp.add_argument("--max-seconds", type=float, default=300)
 
     def serving_args(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--host", default="127.0.0.1")

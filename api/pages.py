@@ -122,7 +122,13 @@ def _limit() -> int:
     raw = request.args.get("limit")
     if raw is None or raw == "":
         return FAILURES_DEFAULT_LIMIT
-    if not raw.isdigit() or not 1 <= int(raw) <= FAILURES_MAX_LIMIT:
+    # ASCII digits only and few of them: int() refuses superscripts that isdigit() accepts,
+    # and raises past 4 300 digits.
+    if (
+        not (raw.isascii() and raw.isdigit())
+        or len(raw) > 9
+        or not 1 <= int(raw) <= FAILURES_MAX_LIMIT
+    ):
         raise ApiError(
             400, "invalid_request", f"limit must be an integer from 1 to {FAILURES_MAX_LIMIT}"
         )

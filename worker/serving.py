@@ -10,13 +10,23 @@ import threading
 from typing import Any
 
 DEFAULT_THREADS = 8
+# Open connections waitress keeps; past this it stops accepting. Every open progress page holds a
+# keep-alive connection, and waitress's default of 100 left the 101st poller waiting in the
+# accept queue until it timed out (measured with bench/load.py).
+DEFAULT_CONNECTION_LIMIT = 1000
 
 
 class ServerThread:
     """waitress listening on `host:port` (port 0: a free one), run on a daemon thread."""
 
     def __init__(
-        self, app: Any, host: str = "127.0.0.1", port: int = 0, *, threads: int = DEFAULT_THREADS
+        self,
+        app: Any,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        threads: int = DEFAULT_THREADS,
+        connection_limit: int = DEFAULT_CONNECTION_LIMIT,
     ) -> None:
         from waitress.server import create_server
 
@@ -27,6 +37,7 @@ class ServerThread:
             host=host,
             port=port,
             threads=threads,
+            connection_limit=connection_limit,
             ident="thumbq",
             clear_untrusted_proxy_headers=True,
         )

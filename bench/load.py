@@ -368,7 +368,11 @@ def orchestrate(args: argparse.Namespace) -> int:
             plan = [0.0, *rates, 0.0]
             for rate in plan:
                 clients = args.clients if rate else 0
+                cpu = time.process_time()
                 results.append(phase(url, home, server.port, args.seconds, clients, rate, home))
+                # This process does nothing but serve HTTP while a phase runs.
+                server_cpu = (time.process_time() - cpu) / args.seconds
+                results[-1]["server_cpu_share_of_one_core"] = round(server_cpu, 2)
                 print(json.dumps(results[-1]), file=sys.stderr)
         finally:
             server.close()

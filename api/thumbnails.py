@@ -86,13 +86,18 @@ def progress() -> Response:
     st = state()
     who = require_reader(st.config)
     group_id = v.query_group_id()
-    with st.connection() as conn:
-        if who.is_admin:
-            row = db.one(conn, "progress", {"group_id": group_id})
-        else:
+    claims = None if who.is_admin else json.dumps(who.claims, sort_keys=True)
+
+    def load() -> dict[str, Any] | None:
+        with st.connection() as conn:
+            if claims is None:
+                return db.one(conn, "progress", {"group_id": group_id})
             with conn.transaction():
-                db.one(conn, "act_as_user", {"claims": json.dumps(who.claims)})
-                row = db.one(conn, "progress", {"group_id": group_id})
+                db.one(conn, "act_as_user", {"claims": claims})
+                return db.one(conn, "progress", {"group_id": group_id})
+
+    # Keyed by who asks too: a row read through one user's RLS is for that user alone.
+    row = st.progress_cache.get((group_id, claims), load)
     if row is None:
         raise _group_not_found(group_id)
     tag = progress_etag(row)
@@ -153,6 +158,7 @@ def batch_generate() -> Response:
             )
     finally:
         st.batch_lock.release()
+        st.progress_cache.forget()
     return json_response(result.response())
 
 
@@ -164,8 +170,11 @@ def enqueue() -> Response:
     items = v.enqueue_items(v.json_body())
     from worker.service import enqueue as enqueue_items
 
-    with st.connection() as conn:
-        result = enqueue_items(conn, st.storage(), st.config, items)
+    try:
+        with st.connection() as conn:
+            result = enqueue_items(conn, st.storage(), st.config, items)
+    finally:
+        st.progress_cache.forget()  # items may name several groups
     return json_response(result, 202)
 
 
@@ -180,8 +189,11 @@ def backfill() -> Response:
     group_id = v.group_id(body["group_id"]) if body.get("group_id") is not None else "default"
     from worker.service import backfill as backfill_prefix
 
-    with st.connection() as conn:
-        result = backfill_prefix(conn, st.storage(), st.config, prefix, group_id)
+    try:
+        with st.connection() as conn:
+            result = backfill_prefix(conn, st.storage(), st.config, prefix, group_id)
+    finally:
+        st.progress_cache.forget(group_id)
     return json_response(result, 202)
 
 
@@ -200,6 +212,7 @@ def retry_failed() -> Response:
     with st.connection() as conn:
         queue = _queue(conn)
         n = queue.retry_failed(group_id)
+        st.progress_cache.forget(group_id)
         if n == 0 and queue.progress(group_id) is None:
             raise _group_not_found(group_id)
     return json_response({"requeued": n})
@@ -214,6 +227,7 @@ def cancel() -> Response:
     with st.connection() as conn:
         queue = _queue(conn)
         n = queue.cancel(group_id)
+        st.progress_cache.forget(group_id)
         if n == 0 and queue.progress(group_id) is None:
             raise _group_not_found(group_id)
     return json_response({"cancelled": n})
@@ -227,6 +241,7 @@ def cleanup_stale() -> Response:
     v.check_fields(_cron_params())
     with st.connection() as conn:
         n = _queue(conn).reap_stale()
+    st.progress_cache.forget()
     return json_response({"reset_count": n})
 
 

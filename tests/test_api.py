@@ -7,6 +7,7 @@ import base64
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -44,7 +45,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture
 def api_config(config: Config) -> Config:
-    return config.with_(cron_secret=SECRET, jwt_secret=JWT_SECRET, budget_ms=8000)
+    # Most tests here change the database behind the app's back, as another process would, and
+    # read the result at once: they run without the progress cache, which has tests of its own.
+    return config.with_(
+        cron_secret=SECRET, jwt_secret=JWT_SECRET, budget_ms=8000, progress_cache_ms=0
+    )
 
 
 @pytest.fixture
@@ -647,6 +652,110 @@ def test_rls_lets_a_user_read_only_the_groups_they_belong_to(
     assert row is not None and row["u"] != "authenticated" and not row["claims"]
 
 
+# -- the progress cache ---------------------------------------------------------------------------
+
+
+def cached_client(api_config: Config, ttl_ms: int) -> tuple[Flask, FlaskClient]:
+    app = create_app(api_config.with_(progress_cache_ms=ttl_ms), db_timeout_s=2.0)
+    return app, app.test_client()
+
+
+def test_pollers_of_one_group_share_a_read_that_is_never_older_than_the_cache_interval(
+    api_config: Config, conn: db.Conn
+) -> None:
+    enqueue(conn, 4, "g")
+    app, client = cached_client(api_config, 1_000)
+    try:
+        url = "/api/thumbnails/progress?group_id=g"
+        first = client.get(url, headers=ADMIN)
+        assert first.get_json()["completed"] == 0
+        # Another process (a batch elsewhere) completes two jobs.
+        q = Queue(conn)
+        jobs = q.claim("w", 2, 60).jobs
+        q.complete("w", [{"job_id": j.id, "msg_id": j.msg_id} for j in jobs])
+        # Inside the interval pollers get the shared answer...
+        soon = client.get(url, headers={**ADMIN, "If-None-Match": first.headers["ETag"]})
+        assert soon.status_code == 304
+        # ...and once it is over, the change.
+        time.sleep(1.05)
+        later = client.get(url, headers={**ADMIN, "If-None-Match": first.headers["ETag"]})
+        assert later.status_code == 200 and later.get_json()["completed"] == 2
+        assert later.headers["ETag"] != first.headers["ETag"]
+    finally:
+        app.extensions["thumbq"].close()
+
+
+def test_a_change_made_through_the_app_shows_at_once_despite_the_cache(
+    api_config: Config, conn: db.Conn
+) -> None:
+    enqueue(conn, 3, "g")
+    app, client = cached_client(api_config, 60_000)
+    try:
+        url = "/api/thumbnails/progress?group_id=g"
+        assert client.get(url, headers=ADMIN).get_json()["pending"] == 3
+        cancel = client.post("/api/thumbnails/cancel", json={"group_id": "g"}, headers=ADMIN)
+        assert cancel.status_code == 200
+        assert client.get(url, headers=ADMIN).get_json()["cancelled"] == 3
+        assert client.get(url.replace("=g", "=new"), headers=ADMIN).status_code == 404
+        items = [{"source_key": "n/1.pdf", "etag": "1", "group_id": "new"}]
+        added = client.post("/api/thumbnails/enqueue", json={"items": items}, headers=ADMIN)
+        assert added.status_code == 202
+        assert client.get(url.replace("=g", "=new"), headers=ADMIN).get_json()["total"] == 1
+    finally:
+        app.extensions["thumbq"].close()
+
+
+def test_the_cache_never_shows_one_users_group_to_another(
+    api_config: Config, conn: db.Conn
+) -> None:
+    enqueue(conn, 2, "alices-group", "a")
+    conn.execute("insert into thumbq.group_members values ('alices-group', 'alice')")
+    app, client = cached_client(api_config, 60_000)
+    try:
+        url = "/api/thumbnails/progress?group_id=alices-group"
+        alice = bearer(user_token("alice"))
+        assert client.get(url, headers=alice).get_json()["total"] == 2
+        # Same group, moments later, from a cache that holds Alice's answer:
+        assert_error(client.get(url, headers=bearer(user_token("bob"))), 404, "group_not_found")
+        forged = bearer(user_token("alice", secret="x" * 64))
+        assert_error(client.get(url, headers=forged), 401, "unauthorized")
+        assert client.get(url, headers=ADMIN).get_json()["total"] == 2
+    finally:
+        app.extensions["thumbq"].close()
+
+
+def test_a_burst_of_pollers_missing_the_cache_sends_one_query() -> None:
+    from api.progress_cache import ProgressCache
+
+    cache = ProgressCache(ttl_s=5.0)
+    loads: list[float] = []
+    start = threading.Barrier(20)
+
+    def load() -> dict[str, Any]:
+        loads.append(time.monotonic())
+        time.sleep(0.1)  # a slow query: every other poller arrives while it runs
+        return {"total": 1}
+
+    def poll() -> None:
+        start.wait()
+        assert cache.get(("g", None), load) == {"total": 1}
+
+    threads = [threading.Thread(target=poll) for _ in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(loads) == 1
+
+    def broken() -> dict[str, Any]:
+        raise OSError("database gone")
+
+    with pytest.raises(OSError):
+        cache.get(("h", None), broken)
+    # A failed read is not remembered: the next poller asks again (and gets the answer).
+    assert cache.get(("h", None), lambda: {"total": 2}) == {"total": 2}
+
+
 # -- outages --------------------------------------------------------------------------------------
 
 
@@ -796,6 +905,83 @@ def test_the_progress_path_imports_neither_pymupdf_nor_boto3(db_url: str, tmp_pa
     )
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result == {"status": 404, "heavy": []}
+
+
+def _responses(sock: socket.socket, n: int) -> list[tuple[int, dict[str, str], bytes]]:
+    """Read `n` HTTP/1.1 responses (with Content-Length or none) from `sock`."""
+    buf = b""
+    out = []
+    while len(out) < n:
+        while b"\r\n\r\n" not in buf:
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise ConnectionError(f"the server closed the connection after {len(out)}")
+            buf += chunk
+        head, buf = buf.split(b"\r\n\r\n", 1)
+        lines = head.decode("latin-1").split("\r\n")
+        headers = {
+            k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])
+        }
+        length = int(headers.get("content-length", "0"))
+        while len(buf) < length:
+            buf += sock.recv(65536)
+        out.append((int(lines[0].split()[1]), headers, buf[:length]))
+        buf = buf[length:]
+    return out
+
+
+def test_thumbq_serve_keeps_a_polling_client_on_one_connection(
+    tmp_path: Path, db_url: str, conn: db.Conn
+) -> None:
+    enqueue(conn, 3, "web")
+    port = free_port()
+    env = {
+        **os.environ,
+        "DATABASE_URL": db_url,
+        "THUMBQ_HOME": str(tmp_path / "home"),
+        "THUMBQ_STORAGE_URL": (tmp_path / "storage").as_uri(),
+        "THUMBQ_CRON_SECRET": SECRET,
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "worker.cli", "serve", "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "serve did not start"
+                time.sleep(0.1)
+        with sock:
+            get = (
+                f"GET /api/thumbnails/progress?group_id=web HTTP/1.1\r\nHost: x\r\n"
+                f"Authorization: Bearer {SECRET}\r\n"
+            )
+            sock.sendall(get.encode() + b"\r\n")
+            [(status, headers, body)] = _responses(sock, 1)
+            assert status == 200 and json.loads(body)["total"] == 3
+            etag = headers["etag"]
+            # A browser's polls: each 304 leaves the connection open for the next one.
+            for _ in range(5):
+                sock.sendall(get.encode() + f"If-None-Match: {etag}\r\n\r\n".encode())
+                [(status, headers, body)] = _responses(sock, 1)
+                assert status == 304 and body == b"" and headers["etag"] == etag
+                assert headers.get("connection", "").lower() != "close"
+            sock.sendall(get.replace("web", "nope").encode() + b"\r\n")
+            [(status, _, body)] = _responses(sock, 1)
+            assert status == 404 and json.loads(body)["error"]["code"] == "group_not_found"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "granian" in err and "Traceback" not in err
 
 
 # -- a transaction-mode pooler in front ----------------------------------------------------------

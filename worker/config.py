@@ -66,6 +66,8 @@ class Config:
     max_bytes: int = 100 * 1024 * 1024
     render_memory_mb: int = 320  # default_render_memory_mb(2)
     rate_bucket: str = "thumbnail_generation"
+    # How long one process reuses a progress answer for a group (0: read the database each time).
+    progress_cache_ms: int = 500
     api_url: str = "http://127.0.0.1:8000"
     schedule: str = "*/5 * * * *"
     supabase_url: str | None = None
@@ -129,6 +131,7 @@ class Config:
                 hi=65_536,
             ),
             rate_bucket=env.get("THUMBQ_RATE_BUCKET") or "thumbnail_generation",
+            progress_cache_ms=_int(env, "THUMBQ_PROGRESS_CACHE_MS", 500, lo=0, hi=60_000),
             api_url=(env.get("THUMBQ_API_URL") or "http://127.0.0.1:8000").rstrip("/"),
             schedule=env.get("THUMBQ_SCHEDULE") or "*/5 * * * *",
             supabase_url=_str(env, "SUPABASE_URL"),

@@ -360,7 +360,7 @@ def test_serve_and_scheduler_commands_drain_a_queue_and_stop_on_sigterm(
     assert sched is not None and sched.returncode == 0, sched_err
     assert serve.returncode == 0, serve_err
     assert '"event":"scheduler_call"' in sched_err and '"status":200' in sched_err
-    assert "SIGTERM" in sched_err and "SIGTERM" in serve_err
+    assert "SIGTERM" in sched_err and "thumbq: stopped" in serve_err
     assert "Traceback" not in sched_err + serve_err
     assert not _listening(port)
 

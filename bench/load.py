@@ -1,20 +1,25 @@
 """Load: many clients polling the progress endpoint (with ETag) while batches run, against batches
 with nobody polling, in the same run.
 
-Three kinds of process, so that no one of them steals the others' interpreter lock:
-- this process: sets up a scratch database and a queue of small images, serves the real app
-  with waitress on 127.0.0.1 (as `thumbq serve` does: `ServerThread`), and reports;
+Processes, so that no one of them steals another's interpreter lock:
+- this process: sets up a scratch database and a queue of small PDFs, and reports;
+- the server: `thumbq serve --server <kind>` on 127.0.0.1, as an operator runs it (granian, the
+  default, and waitress side by side);
 - a batch process (`python -m bench.load batches ...`): `run_batch` in a loop for a fixed time,
   counting thumbnails;
-- client processes (`python -m bench.load clients ...`): asyncio, one keep-alive connection per
-  client, each sending `GET /api/thumbnails/progress` with `If-None-Match` at a fixed rate.
+- client processes (`python -m bench.load clients ...`): asyncio (uvloop where installed), one
+  keep-alive connection per client, each sending `GET /api/thumbnails/progress` with
+  `If-None-Match` at a fixed rate.
 
-Phases, each `--seconds` long: batches alone, batches with the clients at each `--rates`, and
-batches alone again (the two baselines bracket the loaded phases, so drift on a shared machine
-shows). Latency is measured from when a request was due, not when it could be sent, so a server
-that falls behind shows up in the figures instead of slowing the clients down.
+Phases, each `--seconds` long: batches alone, then for each server and rate batches with the
+clients, followed by batches alone again (the baselines bracket the loaded phases, so drift on a
+shared machine shows). Latency is measured from when a request was due, not when it could be
+sent, so a server that falls behind shows up in the figures instead of slowing the clients down.
+The CPU the server and the clients used is reported beside it: on one machine, every CPU-second
+they take is one the batches' renders do not get.
 
-    .venv/bin/python -m bench.load [--clients 200] [--rates 10,1] [--seconds 60]
+    .venv/bin/python -m bench.load [--clients 200] [--rates 10] [--seconds 60]
+                                   [--servers granian,waitress]
 
 All traffic goes to 127.0.0.1, bounded in count and time. The database server is
 BENCH_DATABASE_URL, TEST_DATABASE_URL or DATABASE_URL (else embedded).
@@ -43,20 +48,22 @@ REQUEST_TIMEOUT_S = 5.0
 # -- setup ------------------------------------------------------------------------------------
 
 
+def _env(url: str, home: Path) -> dict[str, str]:
+    return {
+        "DATABASE_URL": url,
+        "THUMBQ_HOME": str(home),
+        "THUMBQ_STORAGE_URL": (home / "storage").as_uri(),
+        "THUMBQ_CRON_SECRET": SECRET,
+        "THUMBQ_BUDGET_MS": "10000",
+        "THUMBQ_BUFFER_MS": "2000",
+        "THUMBQ_CONCURRENCY": "2",
+    }
+
+
 def _config(url: str, home: Path) -> Any:
     from worker.config import Config
 
-    return Config.from_env(
-        {
-            "DATABASE_URL": url,
-            "THUMBQ_HOME": str(home),
-            "THUMBQ_STORAGE_URL": (home / "storage").as_uri(),
-            "THUMBQ_CRON_SECRET": SECRET,
-            "THUMBQ_BUDGET_MS": "10000",
-            "THUMBQ_BUFFER_MS": "2000",
-            "THUMBQ_CONCURRENCY": "2",
-        }
-    )
+    return Config.from_env(_env(url, home))
 
 
 def _slide(seed: int) -> bytes:
@@ -129,109 +136,180 @@ def run_batches(url: str, home: Path, seconds: float) -> dict[str, Any]:
 # -- the client processes ---------------------------------------------------------------------
 
 
-async def _poller(
-    port: int,
-    rate: float,
-    start: float,
-    until: float,
-    out: dict[str, Any],
-) -> None:
-    """One client: a keep-alive connection, one progress request every 1/rate s."""
-    loop = asyncio.get_running_loop()
-    interval = 1 / rate
-    due = start + random.random() * interval  # spread the clients over the first interval
-    etag: str | None = None
-    reader = writer = None
-    while due < until:
-        await asyncio.sleep(max(0.0, due - loop.time()))
+class _Poller(asyncio.Protocol):
+    """One client: a keep-alive connection, one progress request every 1/rate s, If-None-Match
+    with the last ETag. A protocol, not streams: the clients share two cores with the server and
+    the batches they measure, so every microsecond they spend is taken from what they measure."""
+
+    def __init__(self, port: int, rate: float, start: float, until: float, out: _Tally) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.port = port
+        self.interval = 1 / rate
+        self.due = start + random.random() * self.interval  # spread over the first interval
+        self.until = until
+        self.out = out
+        self.etag = b""
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.sent = 0.0
+        self.waiting = False
+        self.timer: asyncio.TimerHandle | None = None
+        self.done = self.loop.create_future()
+
+    # -- sending --------------------------------------------------------------------------------
+
+    def schedule(self) -> None:
+        if self.due >= self.until:
+            if not self.done.done():
+                self.done.set_result(None)
+            if self.transport is not None:
+                self.transport.close()
+            return
+        self.timer = self.loop.call_at(self.due, self.send)
+
+    def send(self) -> None:
+        if self.transport is None:
+            self.loop.create_task(self.connect())
+            return
+        self.buf.clear()
+        self.sent = self.loop.time()
+        self.waiting = True
+        self.timer = self.loop.call_at(self.sent + REQUEST_TIMEOUT_S, self.timed_out)
+        self.transport.write(
+            REQUEST + (b"If-None-Match: " + self.etag + b"\r\n\r\n" if self.etag else b"\r\n")
+        )
+
+    async def connect(self) -> None:
         try:
-            if writer is None:
-                reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection("127.0.0.1", port), REQUEST_TIMEOUT_S
-                )
-            assert reader is not None
-            request = (
-                f"GET /api/thumbnails/progress?group_id={GROUP} HTTP/1.1\r\n"
-                f"Host: 127.0.0.1\r\nAuthorization: Bearer {SECRET}\r\n"
-                + (f"If-None-Match: {etag}\r\n" if etag else "")
-                + "\r\n"
+            await asyncio.wait_for(
+                self.loop.create_connection(lambda: self, "127.0.0.1", self.port),
+                REQUEST_TIMEOUT_S,
             )
-            sent = loop.time()
-            writer.write(request.encode())
-            status, etag_seen, close = await asyncio.wait_for(
-                _read_response(reader), REQUEST_TIMEOUT_S
-            )
-            done = loop.time()
-            out["from_due_ms"].append((done - due) * 1000)
-            out["from_send_ms"].append((done - sent) * 1000)
-            out["statuses"][str(status)] = out["statuses"].get(str(status), 0) + 1
-            if status not in (200, 304):
-                out["errors"].append(f"HTTP {status}")
-            etag = etag_seen or etag
-            if close:
-                # waitress closes the connection after every 304 (it sends no Content-Length
-                # there, and closes any HTTP/1.1 response without one): reconnect, as a browser
-                # does, and count it.
-                out["reconnects"] += 1
-                writer.close()
-                reader = writer = None
-        except (OSError, TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
-            out["errors"].append(type(exc).__name__)
-            if writer is not None:
-                writer.close()
-            reader = writer = None
-        due += interval
-        # A client that fell more than a whole interval behind skips to now, as a browser's
-        # timer would; the late requests it skipped count as errors.
-        now = loop.time()
-        while due < now - interval:
-            out["skipped"] += 1
-            due += interval
-    if writer is not None:
-        writer.close()
+        except (OSError, TimeoutError) as exc:
+            self.fail(type(exc).__name__)
+            return
+        self.send()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    # -- receiving ------------------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        end = self.buf.find(b"\r\n\r\n")
+        if end < 0 or not self.waiting:
+            return
+        head = bytes(self.buf[:end]).lower()
+        length = 0
+        i = head.find(b"\r\ncontent-length:")
+        if i >= 0:
+            stop = head.find(b"\r\n", i + 2)
+            length = int(head[i + 17 : stop if stop >= 0 else None])
+        if len(self.buf) < end + 4 + length:
+            return  # the body is still coming
+        status = int(head[9:12])
+        i = head.find(b"\r\netag:")
+        if i >= 0:
+            stop = head.find(b"\r\n", i + 2)
+            self.etag = bytes(self.buf[i + 7 : stop if stop >= 0 else end]).strip()
+        close = b"\r\nconnection: close" in head
+        self.answered(status, close)
+
+    def answered(self, status: int, close: bool) -> None:
+        now = self.loop.time()
+        self.waiting = False
+        if self.timer is not None:
+            self.timer.cancel()
+        out = self.out
+        out.from_due.append((now - self.due) * 1000)
+        out.from_send.append((now - self.sent) * 1000)
+        out.statuses[status] = out.statuses.get(status, 0) + 1
+        if status not in (200, 304):
+            out.errors.append(f"HTTP {status}")
+        if close:
+            # Counted: a server that closes after a response makes every poll a new connection.
+            out.reconnects += 1
+            self.drop()
+        self.next()
+
+    def timed_out(self) -> None:
+        self.fail("TimeoutError")
+
+    def fail(self, kind: str) -> None:
+        self.waiting = False
+        self.out.errors.append(kind)
+        self.drop()
+        self.next()
+
+    def drop(self) -> None:
+        if self.transport is not None:
+            transport, self.transport = self.transport, None
+            transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.transport is not None:  # the server closed it
+            self.transport = None
+            if self.waiting:
+                self.fail("ConnectionClosed")
+
+    def next(self) -> None:
+        self.due += self.interval
+        # A client that fell more than a whole interval behind skips to now, as a browser's timer
+        # would; the late requests it skipped count as errors.
+        now = self.loop.time()
+        while self.due < now - self.interval:
+            self.out.skipped += 1
+            self.due += self.interval
+        self.schedule()
 
 
-async def _read_response(reader: asyncio.StreamReader) -> tuple[int, str | None, bool]:
-    head = await reader.readuntil(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    status = int(lines[0].split(" ", 2)[1])
-    length = 0
-    etag = None
-    close = False
-    for line in lines[1:]:
-        name, _, value = line.partition(":")
-        lower = name.strip().lower()
-        if lower == "content-length":
-            length = int(value.strip())
-        elif lower == "etag":
-            etag = value.strip()
-        elif lower == "connection":
-            close = value.strip().lower() == "close"
-    if length:
-        await reader.readexactly(length)
-    return status, etag, close
+class _Tally:
+    def __init__(self) -> None:
+        self.from_due: list[float] = []
+        self.from_send: list[float] = []
+        self.statuses: dict[int, int] = {}
+        self.errors: list[str] = []
+        self.skipped = 0
+        self.reconnects = 0
+
+
+REQUEST = (
+    f"GET /api/thumbnails/progress?group_id={GROUP} HTTP/1.1\r\n"
+    f"Host: 127.0.0.1\r\nAuthorization: Bearer {SECRET}\r\n"
+).encode()
 
 
 async def _clients(port: int, n: int, rate: float, seconds: float) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
-    out: dict[str, Any] = {
-        "from_due_ms": [],
-        "from_send_ms": [],
-        "statuses": {},
-        "errors": [],
-        "skipped": 0,
-        "reconnects": 0,
-    }
+    out = _Tally()
     start = loop.time() + 0.2
     until = start + seconds
-    await asyncio.gather(*(_poller(port, rate, start, until, out) for _ in range(n)))
-    return out
+    pollers = [_Poller(port, rate, start, until, out) for _ in range(n)]
+    for p in pollers:
+        p.schedule()
+    await asyncio.wait_for(
+        asyncio.gather(*(p.done for p in pollers)), seconds + 2 * REQUEST_TIMEOUT_S + 5
+    )
+    return {
+        "from_due_ms": out.from_due,
+        "from_send_ms": out.from_send,
+        "statuses": {str(k): v for k, v in out.statuses.items()},
+        "errors": out.errors,
+        "skipped": out.skipped,
+        "reconnects": out.reconnects,
+    }
 
 
 def run_clients(port: int, n: int, rate: float, seconds: float) -> dict[str, Any]:
     """`n` pollers at `rate` requests/s each for `seconds`; raw latencies and errors, and the CPU
     time this process used (to tell whether the clients could keep up)."""
-    out = asyncio.run(_clients(port, n, rate, seconds))
+    try:
+        import uvloop  # about half the CPU per request of asyncio's own loop, here
+    except ImportError:
+        out = asyncio.run(_clients(port, n, rate, seconds))
+    else:
+        out = uvloop.run(_clients(port, n, rate, seconds))
     out["cpu_s"] = time.process_time()
     return out
 
@@ -331,7 +409,10 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("seconds", type=float)
     c.add_argument("--out", type=Path, required=True)
     parser.add_argument("--clients", type=int, default=200)
-    parser.add_argument("--rates", default="10,1", help="requests/s per client, one phase each")
+    parser.add_argument("--rates", default="10", help="requests/s per client, one phase each")
+    parser.add_argument(
+        "--servers", default="granian,waitress", help="`thumbq serve --server` kinds, in turn"
+    )
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--files", type=int, default=0, help="queue size (default: enough)")
     args = parser.parse_args(argv)
@@ -345,38 +426,115 @@ def main(argv: list[str] | None = None) -> int:
     return orchestrate(args)
 
 
+class Server:
+    """`thumbq serve --server <kind>` in a process of its own, as an operator runs it."""
+
+    def __init__(self, kind: str, url: str, home: Path) -> None:
+        import os
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        env = dict(os.environ, **_env(url, home))
+        self.kind = kind
+        command = ["serve", "--port", str(self.port), "--server", kind]
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "worker.cli", *command],
+            cwd=Path(__file__).resolve().parent.parent,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self._wait_ready()
+
+    def _wait_ready(self, timeout_s: float = 30) -> None:
+        import urllib.error
+        import urllib.request
+
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/api/thumbnails/progress?group_id={GROUP}",
+            headers={"Authorization": f"Bearer {SECRET}"},
+        )
+        until = time.monotonic() + timeout_s
+        while True:
+            try:
+                with urllib.request.urlopen(req, timeout=2):
+                    return
+            except (OSError, urllib.error.URLError):
+                if time.monotonic() > until or self.proc.poll() is not None:
+                    raise RuntimeError(f"thumbq serve --server {self.kind} did not start") from None
+                time.sleep(0.1)
+
+    def cpu_s(self) -> float:
+        """CPU seconds used so far by the server and its worker processes."""
+        import psutil
+
+        total = 0.0
+        proc = psutil.Process(self.proc.pid)
+        for p in [proc, *proc.children(recursive=True)]:
+            try:
+                t = p.cpu_times()
+            except psutil.Error:
+                continue
+            total += t.user + t.system
+        return total
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
 def orchestrate(args: argparse.Namespace) -> int:
-    from api import create_app
     from bench.common import scratch_database, write_result
-    from worker.serving import ServerThread
 
     rates = [float(r) for r in args.rates.split(",") if r]
-    phases = 2 + len(rates)
-    # About 30 of these slides a second on two cores; a queue that outlasts every phase.
-    files = args.files or int(phases * args.seconds * 50)
+    servers = [s for s in args.servers.split(",") if s]
+    # Batches alone first, then each server at each rate, each followed by batches alone again:
+    # the baselines bracket the loaded phases, so drift on a shared machine shows.
+    plan: list[tuple[str | None, float]] = [(None, 0.0)]
+    for kind in servers:
+        for rate in rates:
+            plan += [(kind, rate), (None, 0.0)]
+    # About 60 of these slides a second on two cores; a queue that outlasts every phase.
+    files = args.files or int(len(plan) * args.seconds * 80)
     url = scratch_database("thumbq_bench_load")
+    results = []
     with tempfile.TemporaryDirectory(prefix="thumbq-load-") as tmp:
         home = Path(tmp)
-        config = _config(url, home)
         t = time.monotonic()
-        fill(config, files)
+        fill(_config(url, home), files)
         fill_s = time.monotonic() - t
-        app = create_app(config)
-        server = ServerThread(app, "127.0.0.1", 0).start()
-        results = []
+        running: dict[str, Server] = {}
         try:
-            plan = [0.0, *rates, 0.0]
-            for rate in plan:
-                clients = args.clients if rate else 0
-                cpu = time.process_time()
-                results.append(phase(url, home, server.port, args.seconds, clients, rate, home))
-                # This process does nothing but serve HTTP while a phase runs.
-                server_cpu = (time.process_time() - cpu) / args.seconds
-                results[-1]["server_cpu_share_of_one_core"] = round(server_cpu, 2)
-                print(json.dumps(results[-1]), file=sys.stderr)
+            for kind, rate in plan:
+                server = None
+                if kind is not None:
+                    server = running.get(kind) or running.setdefault(kind, Server(kind, url, home))
+                cpu = server.cpu_s() if server else 0.0
+                result = phase(
+                    url,
+                    home,
+                    server.port if server else 0,
+                    args.seconds,
+                    args.clients if server else 0,
+                    rate,
+                    home,
+                )
+                result["server"] = kind
+                if server is not None:
+                    result["server_cpu_share_of_one_core"] = round(
+                        (server.cpu_s() - cpu) / args.seconds, 2
+                    )
+                results.append(result)
+                print(json.dumps(result), file=sys.stderr)
         finally:
-            server.close()
-            app.extensions["thumbq"].close()
+            for server in running.values():
+                server.close()
     baseline = statistics.mean(
         [r["batches"]["thumbnails_per_s"] for r in results if not r["clients"]]
     )
@@ -385,9 +543,10 @@ def orchestrate(args: argparse.Namespace) -> int:
     write_result(
         "load",
         {
-            "method": "real waitress server (ServerThread, as thumbq serve) on 127.0.0.1; batches "
-            "in their own process; asyncio clients in 2 processes, one keep-alive connection each, "
-            "If-None-Match with the last ETag; latency from when each request was due",
+            "method": "`thumbq serve --server <kind>` in its own process on 127.0.0.1; batches "
+            "in their own process; asyncio (uvloop) clients in 2 processes, one keep-alive "
+            "connection each, If-None-Match with the last ETag; latency from when each request "
+            "was due; CPU of the server's processes and of the clients per phase",
             "files_queued": files,
             "fill_seconds": round(fill_s, 1),
             "seconds_per_phase": args.seconds,

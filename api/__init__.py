@@ -8,6 +8,7 @@ import importlib.util
 
 from flask import Flask
 
+from api.fastpath import ProgressFastPath
 from api.state import AppState
 from api.validation import MAX_BODY_BYTES
 from worker.config import Config
@@ -37,6 +38,7 @@ def create_app(
 
     st = AppState(config, pool_size=pool_size, db_timeout_s=db_timeout_s, pooled=pooled)
     app.extensions["thumbq"] = st
+    app.wsgi_app = ProgressFastPath(app.wsgi_app, st)  # type: ignore[method-assign]
     atexit.register(st.close)
 
     errors.register_error_handlers(app)

@@ -78,8 +78,14 @@ def json_response(
     body: Any, status: int = 200, headers: Mapping[str, str] | None = None
 ) -> Response:
     """A JSON response; datetimes as ISO 8601, numerics as numbers."""
-    text = json.dumps(body, default=_default, separators=(",", ":"))
-    return Response(text, status=status, headers=dict(headers or {}), mimetype="application/json")
+    return Response(
+        json_body(body), status=status, headers=dict(headers or {}), mimetype="application/json"
+    )
+
+
+def json_body(body: Any) -> bytes:
+    """`body` as compact JSON bytes, as every response of the API writes it."""
+    return json.dumps(body, default=_default, separators=(",", ":")).encode()
 
 
 def error_response(err: ApiError) -> Response:

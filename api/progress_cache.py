@@ -16,14 +16,15 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
-Row = dict[str, Any] | None
+Row = Any  # what the loader returns (the progress answer, or None for no such group)
 Key = tuple[str, Hashable]
+MISS = object()
 
 DEFAULT_MAX_ENTRIES = 10_000
 
 
 class ProgressCache:
-    """Progress rows by (group_id, reader), each kept for at most `ttl_s` seconds."""
+    """Progress answers by (group_id, reader), each kept for at most `ttl_s` seconds."""
 
     def __init__(self, ttl_s: float, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
         self.ttl_s = ttl_s
@@ -61,6 +62,13 @@ class ProgressCache:
                     self._make_room(started)
                     self._entries[key] = (started + self.ttl_s, row)
             return row
+
+    def peek(self, key: Key) -> Any:
+        """The fresh value kept for `key`, else MISS (never reads the database)."""
+        entry = self._entries.get(key)
+        if entry is not None and self.ttl_s > 0 and entry[0] > time.monotonic():
+            return entry[1]
+        return MISS
 
     def _make_room(self, now: float) -> None:
         if len(self._entries) < self.max_entries:

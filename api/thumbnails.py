@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from flask import Blueprint, Response, current_app, request
+from werkzeug.http import parse_etags
 
 from api import validation as v
 from api.auth import require_admin, require_reader
-from api.errors import ApiError, json_response
+from api.errors import ApiError, json_body, json_response
 from api.state import AppState
 from worker import db
 from worker.queue import Queue
@@ -80,6 +82,30 @@ def _group_not_found(group_id: str) -> ApiError:
     return ApiError(404, "group_not_found", f"no group {group_id!r}")
 
 
+@dataclass(frozen=True)
+class ProgressAnswer:
+    """One version of a group's progress, ready to send: its ETag, headers and JSON body."""
+
+    tag: str
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+
+    @classmethod
+    def of(cls, row: dict[str, Any]) -> ProgressAnswer:
+        tag = progress_etag(row)
+        headers = (
+            ("ETag", f'"{tag}"'),
+            ("Cache-Control", "no-cache"),
+            ("Vary", "Authorization"),
+            ("X-Poll-After-Ms", str(poll_after_ms(row))),
+        )
+        return cls(tag, headers, json_body(progress_body(row)))
+
+    def matches(self, if_none_match: str | None) -> bool:
+        """Whether an `If-None-Match` header names this version (weak comparison, RFC 9110)."""
+        return bool(if_none_match) and parse_etags(if_none_match).contains_weak(self.tag)
+
+
 @bp.get("/progress")
 def progress() -> Response:
     """Counts, percentage, ETA and when to poll again; 304 while nothing changed."""
@@ -88,28 +114,23 @@ def progress() -> Response:
     group_id = v.query_group_id()
     claims = None if who.is_admin else json.dumps(who.claims, sort_keys=True)
 
-    def load() -> dict[str, Any] | None:
+    def load() -> ProgressAnswer | None:
         with st.connection() as conn:
             if claims is None:
-                return db.one(conn, "progress", {"group_id": group_id})
-            with conn.transaction():
-                db.one(conn, "act_as_user", {"claims": claims})
-                return db.one(conn, "progress", {"group_id": group_id})
+                row = db.one(conn, "progress", {"group_id": group_id})
+            else:
+                with conn.transaction():
+                    db.one(conn, "act_as_user", {"claims": claims})
+                    row = db.one(conn, "progress", {"group_id": group_id})
+        return None if row is None else ProgressAnswer.of(row)
 
-    # Keyed by who asks too: a row read through one user's RLS is for that user alone.
-    row = st.progress_cache.get((group_id, claims), load)
-    if row is None:
+    # Keyed by who asks too: an answer read through one user's RLS is for that user alone.
+    answer: ProgressAnswer | None = st.progress_cache.get((group_id, claims), load)
+    if answer is None:
         raise _group_not_found(group_id)
-    tag = progress_etag(row)
-    headers = {
-        "ETag": f'"{tag}"',
-        "Cache-Control": "no-cache",
-        "Vary": "Authorization",
-        "X-Poll-After-Ms": str(poll_after_ms(row)),
-    }
-    if request.if_none_match.contains_weak(tag):
-        return Response(status=304, headers=headers)
-    return json_response(progress_body(row), 200, headers)
+    if answer.matches(request.headers.get("If-None-Match")):
+        return Response(status=304, headers=answer.headers)
+    return Response(answer.body, 200, headers=answer.headers, mimetype="application/json")
 
 
 def _cron_params() -> dict[str, Any]:

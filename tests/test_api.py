@@ -724,6 +724,51 @@ def test_the_cache_never_shows_one_users_group_to_another(
         app.extensions["thumbq"].close()
 
 
+def test_polls_answered_from_memory_are_the_routes_answers_byte_for_byte(
+    api_config: Config, conn: db.Conn
+) -> None:
+    enqueue(conn, 5, "g")
+    url = "/api/thumbnails/progress?group_id=g"
+    plain, plain_client = cached_client(api_config, 0)
+    app, client = cached_client(api_config, 60_000)
+    reached_flask: list[str] = []
+    app.before_request(lambda: reached_flask.append(request_path()))
+    try:
+        want = plain_client.get(url, headers=ADMIN)
+        want_304 = plain_client.get(url, headers={**ADMIN, "If-None-Match": want.headers["ETag"]})
+        assert want.status_code == 200 and want_304.status_code == 304
+        for _ in range(3):
+            got = client.get(url, headers=ADMIN)
+            assert (got.status, list(got.headers), got.data) == (
+                want.status,
+                list(want.headers),
+                want.data,
+            )
+            weak = {**ADMIN, "If-None-Match": "W/" + want.headers["ETag"] + ', "other"'}
+            got_304 = client.get(url, headers=weak)
+            assert (got_304.status, list(got_304.headers), got_304.data) == (
+                want_304.status,
+                list(want_304.headers),
+                b"",
+            )
+        # Only the first poll reached Flask (and the database); the rest came from memory.
+        assert reached_flask == ["/api/thumbnails/progress"]
+        # Whatever the fast path does not handle goes to the route, which answers as ever.
+        assert_error(client.get(url, headers=bearer("wrong")), 401, "unauthorized")
+        assert_error(client.get(url + "&group_id=h", headers=ADMIN), 400, "invalid_group_id")
+        assert client.get(url.replace("=g", "=%67"), headers=ADMIN).get_json()["total"] == 5
+        assert client.head(url, headers=ADMIN).status_code == 200
+    finally:
+        plain.extensions["thumbq"].close()
+        app.extensions["thumbq"].close()
+
+
+def request_path() -> str:
+    from flask import request
+
+    return request.path
+
+
 def test_a_burst_of_pollers_missing_the_cache_sends_one_query() -> None:
     from api.progress_cache import ProgressCache
 

@@ -127,4 +127,9 @@ def verify_jwt(token: str, secret: str) -> dict[str, Any]:
         ) from None
     if not isinstance(claims.get("sub"), str) or not claims["sub"]:
         raise _unauthorized("the JWT's `sub` claim must be a non-empty string")
+    # RFC 7519 NumericDates are JSON numbers; PyJWT converts strings with int() and lets them by.
+    for name in ("exp", "nbf", "iat"):
+        value = claims.get(name)
+        if name in claims and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise _unauthorized(f"the JWT's `{name}` claim must be a number of seconds")
     return dict(claims)

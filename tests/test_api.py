@@ -599,6 +599,10 @@ def test_bad_jwts_get_401(client: FlaskClient, conn: db.Conn) -> None:
         "expired": user_token("alice", exp=int(time.time()) - 10),
         "wrong audience": user_token("alice", aud="anon"),
         "no exp": user_token("alice", exp=None),
+        # RFC 7519 dates are numbers; PyJWT alone would take these strings.
+        "string exp": user_token("alice", exp=str(int(time.time()) + 600)),
+        "string nbf": user_token("alice", nbf=str(int(time.time()) - 600)),
+        "boolean iat": user_token("alice", iat=True),
         "no sub": user_token(None),  # type: ignore[arg-type]
         "garbage": "a.b.c",
         "HS512": jwt.encode(
@@ -613,6 +617,7 @@ def test_bad_jwts_get_401(client: FlaskClient, conn: db.Conn) -> None:
         messages[name] = assert_error(resp, 401, "unauthorized")["message"]
         assert 'error="invalid_token"' in resp.headers["WWW-Authenticate"], name
     assert "expired" in messages["expired"] and "audience" in messages["wrong audience"]
+    assert "`exp`" in messages["string exp"] and "`nbf`" in messages["string nbf"]
     # A user token is never an admin token.
     assert_error(
         client.post("/api/thumbnails/cleanup-stale", headers=bearer(user_token("alice"))),

@@ -19,7 +19,7 @@ The CPU the server and the clients used is reported beside it: on one machine, e
 they take is one the batches' renders do not get.
 
     .venv/bin/python -m bench.load [--clients 200] [--rates 10] [--seconds 60]
-                                   [--servers granian,waitress]
+                                   [--servers granian,waitress] [--generators python,wrk]
 
 All traffic goes to 127.0.0.1, bounded in count and time. The database server is
 BENCH_DATABASE_URL, TEST_DATABASE_URL or DATABASE_URL (else embedded).
@@ -151,7 +151,8 @@ class _Poller(asyncio.Protocol):
         self.etag = b""
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
-        self.sent = 0.0
+        self.sent = 0.0  # perf_counter() when the request went out
+        self.late = 0.0  # how long after it was due the request went out
         self.waiting = False
         self.timer: asyncio.TimerHandle | None = None
         self.done = self.loop.create_future()
@@ -172,9 +173,11 @@ class _Poller(asyncio.Protocol):
             self.loop.create_task(self.connect())
             return
         self.buf.clear()
-        self.sent = self.loop.time()
+        # uvloop's clock has millisecond resolution: it schedules, perf_counter() times.
+        self.late = max(0.0, self.loop.time() - self.due)
+        self.sent = time.perf_counter()
         self.waiting = True
-        self.timer = self.loop.call_at(self.sent + REQUEST_TIMEOUT_S, self.timed_out)
+        self.timer = self.loop.call_later(REQUEST_TIMEOUT_S, self.timed_out)
         self.transport.write(
             REQUEST + (b"If-None-Match: " + self.etag + b"\r\n\r\n" if self.etag else b"\r\n")
         )
@@ -217,13 +220,13 @@ class _Poller(asyncio.Protocol):
         self.answered(status, close)
 
     def answered(self, status: int, close: bool) -> None:
-        now = self.loop.time()
+        took = time.perf_counter() - self.sent
         self.waiting = False
         if self.timer is not None:
             self.timer.cancel()
         out = self.out
-        out.from_due.append((now - self.due) * 1000)
-        out.from_send.append((now - self.sent) * 1000)
+        out.from_due.append((self.late + took) * 1000)
+        out.from_send.append(took * 1000)
         out.statuses[status] = out.statuses.get(status, 0) + 1
         if status not in (200, 304):
             out.errors.append(f"HTTP {status}")
@@ -314,6 +317,81 @@ def run_clients(port: int, n: int, rate: float, seconds: float) -> dict[str, Any
     return out
 
 
+# wrk (C, `apt-get install wrk`) as a second load generator: the same load for a tenth of the
+# CPU, so that less of what the batches lose is the measurement's own cost. Each connection waits
+# a random 50-150 ms (mean 100: 10 requests/s) after each answer and sends the last ETag it saw.
+WRK_SCRIPT = """
+local threads = {}
+function setup(thread) table.insert(threads, thread) end
+function init(args)
+  statuses = {}
+  etag = nil
+  math.randomseed(os.time() + math.floor(os.clock() * 1000000))
+end
+function request()
+  local headers = {["Authorization"] = "Bearer %(secret)s"}
+  if etag then headers["If-None-Match"] = etag end
+  return wrk.format("GET", "%(path)s", headers)
+end
+function response(status, headers, body)
+  statuses[status] = (statuses[status] or 0) + 1
+  for name, value in pairs(headers) do
+    if string.lower(name) == "etag" then etag = value end
+  end
+end
+function delay() return math.random(%(lo)d, %(hi)d) end
+function done(summary, latency, requests)
+  local counts = {}
+  for _, t in ipairs(threads) do
+    for status, n in pairs(t:get("statuses")) do
+      counts[tostring(status)] = (counts[tostring(status)] or 0) + n
+    end
+  end
+  local parts = {}
+  for status, n in pairs(counts) do table.insert(parts, string.format('"%%s": %%d', status, n)) end
+  local e = summary.errors
+  io.write(string.format(
+    'WRK {"requests": %%d, "statuses": {%%s}, "connect": %%d, "read": %%d, "write": %%d, '
+    .. '"status": %%d, "timeout": %%d, "p50_us": %%d, "p99_us": %%d, "max_us": %%d}\\n',
+    summary.requests, table.concat(parts, ", "), e.connect, e.read, e.write, e.status,
+    e.timeout, latency:percentile(50), latency:percentile(99), latency.max))
+end
+"""
+
+
+def run_wrk(port: int, n: int, rate: float, seconds: float) -> dict[str, Any]:
+    """`n` wrk connections at about `rate` requests/s each for `seconds`; its figures, and the
+    CPU it used (its rusage, as this process's only child)."""
+    import resource
+
+    mean_ms = 1000 / rate
+    script = WRK_SCRIPT % {
+        "secret": SECRET,
+        "path": f"/api/thumbnails/progress?group_id={GROUP}",
+        "lo": round(mean_ms / 2),
+        "hi": round(mean_ms * 3 / 2),
+    }
+    with tempfile.NamedTemporaryFile("w", suffix=".lua") as f:
+        f.write(script)
+        f.flush()
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        out = subprocess.run(
+            [
+                *("wrk", "-t", str(CLIENT_PROCESSES), "-c", str(n), "-d", f"{round(seconds)}s"),
+                *("--timeout", f"{round(REQUEST_TIMEOUT_S)}s", "-s", f.name),
+                f"http://127.0.0.1:{port}/",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    line = next(x for x in out.stdout.splitlines() if x.startswith("WRK "))
+    result: dict[str, Any] = json.loads(line[4:])
+    result["cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return result
+
+
 # -- orchestration ------------------------------------------------------------------------------
 
 
@@ -333,13 +411,23 @@ def _spawn(args: list[str], out: Path) -> subprocess.Popen[bytes]:
 
 
 def phase(
-    url: str, home: Path, port: int, seconds: float, clients: int, rate: float, work: Path
+    url: str,
+    home: Path,
+    port: int,
+    seconds: float,
+    clients: int,
+    rate: float,
+    work: Path,
+    generator: str = "python",
 ) -> dict[str, Any]:
     """Batches for `seconds`, with `clients` pollers at `rate` (none when 0) at the same time."""
     batch_out = work / f"batch-{rate}.json"
     procs = [_spawn(["batches", url, str(home), str(seconds)], batch_out)]
     client_outs = []
-    if clients:
+    wrk_out = work / f"wrk-{rate}.json"
+    if clients and generator == "wrk":
+        procs.append(_spawn(["wrk", str(port), str(clients), str(rate), str(seconds)], wrk_out))
+    elif clients:
         per = [
             clients // CLIENT_PROCESSES + (i < clients % CLIENT_PROCESSES)
             for i in range(CLIENT_PROCESSES)
@@ -353,7 +441,28 @@ def phase(
             raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
     result: dict[str, Any] = {"clients": clients, "rate_per_client": rate}
     result["batches"] = json.loads(batch_out.read_text())
-    if clients:
+    if clients and generator == "wrk":
+        w = json.loads(wrk_out.read_text())
+        errors = w["connect"] + w["read"] + w["write"] + w["status"] + w["timeout"]
+        result["generator"] = "wrk"
+        result["requests"] = {
+            "offered": round(clients * rate * seconds),
+            "answered": w["requests"],
+            "per_s": round(w["requests"] / seconds, 1),
+            "statuses": w["statuses"],
+            "errors": errors,
+            "error_kinds": {
+                k: w[k] for k in ("connect", "read", "write", "status", "timeout") if w[k]
+            },
+            "client_cpu_share_of_one_core": round(w["cpu_s"] / seconds, 2),
+        }
+        result["latency_ms_from_send"] = {
+            "p50": round(w["p50_us"] / 1000, 2),
+            "p99": round(w["p99_us"] / 1000, 2),
+            "max": round(w["max_us"] / 1000, 2),
+        }
+    elif clients:
+        result["generator"] = "python"
         due: list[float] = []
         sent: list[float] = []
         statuses: dict[str, int] = {}
@@ -408,10 +517,21 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("rate", type=float)
     c.add_argument("seconds", type=float)
     c.add_argument("--out", type=Path, required=True)
+    w = sub.add_parser("wrk")
+    w.add_argument("port", type=int)
+    w.add_argument("n", type=int)
+    w.add_argument("rate", type=float)
+    w.add_argument("seconds", type=float)
+    w.add_argument("--out", type=Path, required=True)
     parser.add_argument("--clients", type=int, default=200)
     parser.add_argument("--rates", default="10", help="requests/s per client, one phase each")
     parser.add_argument(
         "--servers", default="granian,waitress", help="`thumbq serve --server` kinds, in turn"
+    )
+    parser.add_argument(
+        "--generators",
+        default="python",
+        help="load generators, in turn: python (asyncio clients), wrk (needs the wrk binary)",
     )
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--files", type=int, default=0, help="queue size (default: enough)")
@@ -422,6 +542,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.role == "clients":
         args.out.write_text(json.dumps(run_clients(args.port, args.n, args.rate, args.seconds)))
+        return 0
+    if args.role == "wrk":
+        args.out.write_text(json.dumps(run_wrk(args.port, args.n, args.rate, args.seconds)))
         return 0
     return orchestrate(args)
 
@@ -490,16 +613,24 @@ class Server:
 
 
 def orchestrate(args: argparse.Namespace) -> int:
+    import shutil
+
     from bench.common import scratch_database, write_result
 
     rates = [float(r) for r in args.rates.split(",") if r]
     servers = [s for s in args.servers.split(",") if s]
-    # Batches alone first, then each server at each rate, each followed by batches alone again:
-    # the baselines bracket the loaded phases, so drift on a shared machine shows.
-    plan: list[tuple[str | None, float]] = [(None, 0.0)]
+    generators = [g for g in args.generators.split(",") if g]
+    if "wrk" in generators and shutil.which("wrk") is None:
+        print("bench.load: no wrk (apt-get install wrk): python clients only", file=sys.stderr)
+        generators.remove("wrk")
+    # Batches alone first, then each server with each generator at each rate, each followed by
+    # batches alone again: the baselines bracket the loaded phases, so drift on a shared machine
+    # shows.
+    plan: list[tuple[str | None, str, float]] = [(None, "", 0.0)]
     for kind in servers:
-        for rate in rates:
-            plan += [(kind, rate), (None, 0.0)]
+        for generator in generators:
+            for rate in rates:
+                plan += [(kind, generator, rate), (None, "", 0.0)]
     # About 60 of these slides a second on two cores; a queue that outlasts every phase.
     files = args.files or int(len(plan) * args.seconds * 80)
     url = scratch_database("thumbq_bench_load")
@@ -511,7 +642,7 @@ def orchestrate(args: argparse.Namespace) -> int:
         fill_s = time.monotonic() - t
         running: dict[str, Server] = {}
         try:
-            for kind, rate in plan:
+            for kind, generator, rate in plan:
                 server = None
                 if kind is not None:
                     server = running.get(kind) or running.setdefault(kind, Server(kind, url, home))
@@ -524,6 +655,7 @@ def orchestrate(args: argparse.Namespace) -> int:
                     args.clients if server else 0,
                     rate,
                     home,
+                    generator,
                 )
                 result["server"] = kind
                 if server is not None:
@@ -544,9 +676,10 @@ def orchestrate(args: argparse.Namespace) -> int:
         "load",
         {
             "method": "`thumbq serve --server <kind>` in its own process on 127.0.0.1; batches "
-            "in their own process; asyncio (uvloop) clients in 2 processes, one keep-alive "
-            "connection each, If-None-Match with the last ETag; latency from when each request "
-            "was due; CPU of the server's processes and of the clients per phase",
+            "in their own process; 200 keep-alive connections sending If-None-Match with the "
+            "last ETag, from asyncio (uvloop) clients in 2 processes (latency from when each "
+            "request was due) or from wrk with 2 threads (latency from send; 50-150 ms pause "
+            "after each answer); CPU of the server's processes and of the clients per phase",
             "files_queued": files,
             "fill_seconds": round(fill_s, 1),
             "seconds_per_phase": args.seconds,

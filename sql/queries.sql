@@ -89,6 +89,10 @@ select source_key, thumbnail_key
 -- name: ping
 select 1 as ok
 
+-- name: progress_as_user
+-- progress as a user sees it through RLS, in one statement (009_progress_as_user.sql).
+select * from thumbq.progress_as_user(%(claims)s, %(group_id)s)
+
 -- name: act_as_user
 -- For the rest of the transaction, act as Supabase's `authenticated` role with a user's JWT
 -- claims, so that row level security decides what the user may read. Local to the

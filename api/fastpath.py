@@ -1,13 +1,15 @@
 """Progress polls answered from memory, before Flask.
 
-Many open progress pages poll one group with the admin secret (an operator's dashboard, the
-bundled page) or ask again and again within the cache interval. When the answer is already in
-the progress cache, building a Flask request context, routing and a werkzeug Response cost about
-80 us per poll here, several times the work of the answer itself (bench/load.py). This WSGI
-middleware answers those polls directly, with the same bytes and headers the route would send.
-Everything else goes to Flask untouched: other paths and methods, user JWTs (RLS decides, in
-the route), anything unusual in the query string, wrong secrets (the route's 401) and misses
-(the route reads the database and fills the cache).
+An open progress page asks again and again, mostly within the cache interval, with the same
+credentials: the admin secret, or the user's access token. When the answer for that group and
+caller is already in the progress cache, building a Flask request context, routing and a
+werkzeug Response cost about 80 us per poll here, many times the work of the answer itself
+(bench/load.py). This WSGI middleware answers those polls directly, with the same bytes and
+headers the route would send. A user's poll qualifies only with a token the route has verified
+and that has not expired (api.auth.VERIFIED), and gets only the answer read through RLS with that
+token's claims. Everything else goes to Flask untouched: other paths and methods, unknown or
+expired tokens, wrong secrets (the route's 401), anything unusual in the query string, and
+misses (the route reads the database and fills the cache).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from api.auth import MAX_TOKEN_LENGTH, secret_matches
+from api.auth import MAX_TOKEN_LENGTH, VERIFIED, secret_matches
 from api.progress_cache import MISS
 from api.validation import GROUP_ID_RE
 
@@ -53,10 +55,7 @@ class ProgressFastPath:
         return self.app(environ, start_response)
 
     def _cached_answer(self, environ: dict[str, Any]) -> Any:
-        """The cached answer for the operator's poll of one group, else None (ask Flask)."""
-        secret = self.state.config.cron_secret
-        if not secret:
-            return None
+        """The cached answer for this caller's poll of one group, else None (ask Flask)."""
         query = environ.get("QUERY_STRING", "")
         if not query.startswith("group_id="):
             return None
@@ -68,7 +67,17 @@ class ProgressFastPath:
         token = token.strip()
         if scheme.lower() != "bearer" or not token or len(token) > MAX_TOKEN_LENGTH:
             return None
-        if not secret_matches(token, secret):
+        config = self.state.config
+        if config.cron_secret and secret_matches(token, config.cron_secret):
+            key: tuple[str, str | None] = (group_id, None)
+        elif config.jwt_secret:
+            # A token the route verified before and that has not expired since; its answer was
+            # read through RLS with exactly these claims.
+            who = VERIFIED.get(token, config.jwt_secret)
+            if who is None:
+                return None
+            key = (group_id, who.claims_json)
+        else:
             return None
-        answer = self.state.progress_cache.peek((group_id, None))
+        answer = self.state.progress_cache.peek(key)
         return None if answer is MISS else answer

@@ -774,6 +774,39 @@ def request_path() -> str:
     return request.path
 
 
+def test_a_users_polls_come_from_memory_until_the_token_expires(
+    api_config: Config, conn: db.Conn
+) -> None:
+    enqueue(conn, 2, "alices-group", "a")
+    conn.execute("insert into thumbq.group_members values ('alices-group', 'alice')")
+    app, client = cached_client(api_config, 60_000)
+    reached_flask: list[str] = []
+    app.before_request(lambda: reached_flask.append(request_path()))
+    try:
+        url = "/api/thumbnails/progress?group_id=alices-group"
+        token = user_token("alice", exp=int(time.time()) + 2)
+        first = client.get(url, headers=bearer(token))
+        assert first.status_code == 200 and first.get_json()["total"] == 2
+        again = {**bearer(token), "If-None-Match": first.headers["ETag"]}
+        for _ in range(3):
+            assert client.get(url, headers=again).status_code == 304
+        assert len(reached_flask) == 1  # verified once, read once, then answered from memory
+        # Alice's answer is still cached, but her token is not valid any more.
+        time.sleep(
+            max(0.0, jwt.decode(token, options={"verify_signature": False})["exp"] - time.time())
+            + 0.1
+        )
+        expired = client.get(url, headers=again)
+        assert "expired" in assert_error(expired, 401, "unauthorized")["message"]
+        # A new token for her reads through RLS once, then comes from memory again.
+        fresh = bearer(user_token("alice"))
+        assert client.get(url, headers=fresh).get_json()["total"] == 2
+        assert client.get(url, headers=fresh).get_json()["total"] == 2
+        assert len(reached_flask) == 3
+    finally:
+        app.extensions["thumbq"].close()
+
+
 def test_a_burst_of_pollers_missing_the_cache_sends_one_query() -> None:
     from api.progress_cache import ProgressCache
 

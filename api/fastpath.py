@@ -6,8 +6,8 @@ caller is already in the progress cache, building a Flask request context, routi
 werkzeug Response cost about 80 us per poll here, many times the work of the answer itself
 (bench/load.py). This WSGI middleware answers those polls directly, with the same bytes and
 headers the route would send. A user's poll qualifies only with a token the route has verified
-and that has not expired (api.auth.VERIFIED), and gets only the answer read through RLS with that
-token's claims. Everything else goes to Flask untouched: other paths and methods, unknown or
+and that has not expired (api.auth.VERIFIED), whose claims RLS let see the group within
+THUMBQ_ACCESS_CACHE_MS. Everything else goes to Flask untouched: other paths and methods, unknown or
 expired tokens, wrong secrets (the route's 401), anything unusual in the query string, and
 misses (the route reads the database and fills the cache).
 """
@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from api.auth import MAX_TOKEN_LENGTH, VERIFIED, secret_matches
-from api.progress_cache import MISS
+from api.cache import MISS
 from api.validation import GROUP_ID_RE
 
 if TYPE_CHECKING:
@@ -69,15 +69,14 @@ class ProgressFastPath:
             return None
         config = self.state.config
         if config.cron_secret and secret_matches(token, config.cron_secret):
-            key: tuple[str, str | None] = (group_id, None)
+            pass
         elif config.jwt_secret:
-            # A token the route verified before and that has not expired since; its answer was
-            # read through RLS with exactly these claims.
+            # A token the route verified before and that has not expired since, whose claims RLS
+            # let see this group within the access cache's time.
             who = VERIFIED.get(token, config.jwt_secret)
-            if who is None:
-                return None
-            key = (group_id, who.claims_json)
+            if who is None or self.state.access_cache.peek((group_id, who.claims_json)) is not True:
+                return None  # unknown token, or no fresh "may see" from RLS: the route decides
         else:
             return None
-        answer = self.state.progress_cache.peek(key)
+        answer = self.state.progress_cache.peek((group_id, None))
         return None if answer is MISS else answer

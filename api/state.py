@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from psycopg.rows import dict_row
 
-from api.progress_cache import ProgressCache
+from api.cache import TimedCache
 from worker import db
 
 if TYPE_CHECKING:
@@ -42,7 +42,10 @@ class AppState:
         self.db_timeout_s = db_timeout_s
         self.pooled = pooled
         self.batch_lock = threading.Lock()
-        self.progress_cache = ProgressCache(config.progress_cache_ms / 1000)
+        # A group's progress answer, for everyone allowed to see it.
+        self.progress_cache = TimedCache(config.progress_cache_ms / 1000)
+        # Whether a user (by verified claims) may see a group, as RLS decided.
+        self.access_cache = TimedCache(config.access_cache_ms / 1000)
         self._lock = threading.Lock()
         self._url: str | None = None
         self._pool: ConnectionPool[Any] | None = None

@@ -807,10 +807,39 @@ def test_a_users_polls_come_from_memory_until_the_token_expires(
         app.extensions["thumbq"].close()
 
 
-def test_a_burst_of_pollers_missing_the_cache_sends_one_query() -> None:
-    from api.progress_cache import ProgressCache
+def test_access_decided_by_rls_is_trusted_for_the_access_interval_only(
+    api_config: Config, conn: db.Conn
+) -> None:
+    enqueue(conn, 2, "team", "t")
+    conn.execute("insert into thumbq.group_members values ('team', 'alice')")
+    config = api_config.with_(progress_cache_ms=300, access_cache_ms=1_000)
+    app = create_app(config, db_timeout_s=2.0)
+    client = app.test_client()
+    try:
+        url = "/api/thumbnails/progress?group_id=team"
+        alice, bob = bearer(user_token("alice")), bearer(user_token("bob"))
+        assert client.get(url, headers=alice).status_code == 200
+        assert_error(client.get(url, headers=bob), 404, "group_not_found")
+        conn.execute("delete from thumbq.group_members where user_id = 'alice'")
+        conn.execute("insert into thumbq.group_members values ('team', 'bob')")
+        started = time.monotonic()
+        # Within the access interval Alice still sees the counts RLS let her see a moment ago.
+        assert client.get(url, headers=alice).status_code == 200
+        assert time.monotonic() - started < 0.3
+        # A "may not" lasts no longer than an answer: Bob, just added, sees the group soon...
+        time.sleep(0.35)
+        assert client.get(url, headers=bob).get_json()["total"] == 2
+        # ...and once the access interval is over, RLS is asked again and Alice is out.
+        time.sleep(max(0.0, 1.05 - (time.monotonic() - started)))
+        assert_error(client.get(url, headers=alice), 404, "group_not_found")
+    finally:
+        app.extensions["thumbq"].close()
 
-    cache = ProgressCache(ttl_s=5.0)
+
+def test_a_burst_of_pollers_missing_the_cache_sends_one_query() -> None:
+    from api.cache import TimedCache
+
+    cache = TimedCache(ttl_s=5.0)
     loads: list[float] = []
     start = threading.Barrier(20)
 

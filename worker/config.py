@@ -68,6 +68,9 @@ class Config:
     rate_bucket: str = "thumbnail_generation"
     # How long one process reuses a progress answer for a group (0: read the database each time).
     progress_cache_ms: int = 500
+    # How long one process trusts RLS's "this user may see this group" (a "may not" is kept only
+    # as long as a progress answer). 0: every user poll reads through RLS.
+    access_cache_ms: int = 30_000
     api_url: str = "http://127.0.0.1:8000"
     schedule: str = "*/5 * * * *"
     supabase_url: str | None = None
@@ -132,6 +135,7 @@ class Config:
             ),
             rate_bucket=env.get("THUMBQ_RATE_BUCKET") or "thumbnail_generation",
             progress_cache_ms=_int(env, "THUMBQ_PROGRESS_CACHE_MS", 500, lo=0, hi=60_000),
+            access_cache_ms=_int(env, "THUMBQ_ACCESS_CACHE_MS", 30_000, lo=0, hi=3_600_000),
             api_url=(env.get("THUMBQ_API_URL") or "http://127.0.0.1:8000").rstrip("/"),
             schedule=env.get("THUMBQ_SCHEDULE") or "*/5 * * * *",
             supabase_url=_str(env, "SUPABASE_URL"),

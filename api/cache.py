@@ -1,12 +1,13 @@
-"""A short-lived, per-process memory of progress rows, so that many pollers of one group cost the
+"""A short-lived, per-process memory of database reads, so that many pollers of one group cost the
 database one query per interval instead of one per request.
 
-Entries are keyed by group and by who asked (the operator, or one user's verified claims), so a
-row read through one user's RLS is never shown to another. An entry lives at most `ttl_s` from
-the moment its read began, which bounds how stale an answer can be. Requests that miss at the
-same moment wait for one read instead of each sending their own (no stampede when an entry
-expires under hundreds of pollers). Writes made through this process forget what they touch, so
-a caller never reads its own change as not yet made; other processes' writes show within `ttl_s`.
+The app keeps two (api/state.py): a group's progress answer, and whether a user may see a group
+(decided by RLS, keyed by the group and the user's verified claims). An entry lives at most its
+time to live from the moment its read began, which bounds how stale an answer can be. Requests
+that miss at the same moment wait for one read instead of each sending their own (no stampede
+when an entry expires under hundreds of pollers). Writes made through this process forget what
+they touch, so a caller never reads its own change as not yet made; other processes' writes show
+within the time to live.
 """
 
 from __future__ import annotations
@@ -16,15 +17,15 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
-Row = Any  # what the loader returns (the progress answer, or None for no such group)
+Row = Any  # what the loader returns
 Key = tuple[str, Hashable]
 MISS = object()
 
 DEFAULT_MAX_ENTRIES = 10_000
 
 
-class ProgressCache:
-    """Progress answers by (group_id, reader), each kept for at most `ttl_s` seconds."""
+class TimedCache:
+    """Values by (group_id, ...) key, each kept for at most `ttl_s` seconds."""
 
     def __init__(self, ttl_s: float, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
         self.ttl_s = ttl_s
@@ -34,8 +35,11 @@ class ProgressCache:
         self._lock = threading.Lock()
         self._generation = 0
 
-    def get(self, key: Key, load: Callable[[], Row]) -> Row:
-        """The cached row for `key`, or `load()`'s (kept when it returns; errors are not kept)."""
+    def get(
+        self, key: Key, load: Callable[[], Row], ttl_of: Callable[[Row], float] | None = None
+    ) -> Row:
+        """The cached value for `key`, or `load()`'s (kept when it returns; errors are not kept),
+        for `ttl_s`, or for `ttl_of(value)` when given (at most `ttl_s`)."""
         if self.ttl_s <= 0:
             return load()
         entry = self._entries.get(key)
@@ -60,7 +64,8 @@ class ProgressCache:
                 # A write in this process during the read may not be in the row: don't keep it.
                 if generation == self._generation:
                     self._make_room(started)
-                    self._entries[key] = (started + self.ttl_s, row)
+                    ttl = self.ttl_s if ttl_of is None else min(self.ttl_s, ttl_of(row))
+                    self._entries[key] = (started + ttl, row)
             return row
 
     def peek(self, key: Key) -> Any:

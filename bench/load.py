@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 SECRET = "bench-load-secret"
+JWT_SECRET = "bench-load-jwt-secret-" + "j" * 32
+USERS = 1000  # members of GROUP, u000..u999, for the `users` generator
 GROUP = "load"
 CLIENT_PROCESSES = 2
 REQUEST_TIMEOUT_S = 5.0
@@ -54,6 +56,7 @@ def _env(url: str, home: Path) -> dict[str, str]:
         "THUMBQ_HOME": str(home),
         "THUMBQ_STORAGE_URL": (home / "storage").as_uri(),
         "THUMBQ_CRON_SECRET": SECRET,
+        "THUMBQ_JWT_SECRET": JWT_SECRET,
         "THUMBQ_BUDGET_MS": "10000",
         "THUMBQ_BUFFER_MS": "2000",
         "THUMBQ_CONCURRENCY": "2",
@@ -97,6 +100,11 @@ def fill(config: Any, files: int) -> None:
         queue = Queue(conn)
         for start in range(0, len(items), 1000):
             queue.enqueue(items[start : start + 1000], GROUP)
+        conn.execute(
+            "insert into thumbq.group_members select %s, 'u' || lpad(n::text, 3, '0')"
+            " from generate_series(0, %s) n",
+            (GROUP, USERS - 1),
+        )
         conn.execute("analyze thumbq.jobs")
 
 
@@ -141,9 +149,12 @@ class _Poller(asyncio.Protocol):
     with the last ETag. A protocol, not streams: the clients share two cores with the server and
     the batches they measure, so every microsecond they spend is taken from what they measure."""
 
-    def __init__(self, port: int, rate: float, start: float, until: float, out: _Tally) -> None:
+    def __init__(
+        self, port: int, rate: float, start: float, until: float, out: _Tally, request: bytes
+    ) -> None:
         self.loop = asyncio.get_running_loop()
         self.port = port
+        self.request = request
         self.interval = 1 / rate
         self.due = start + random.random() * self.interval  # spread over the first interval
         self.until = until
@@ -179,7 +190,7 @@ class _Poller(asyncio.Protocol):
         self.waiting = True
         self.timer = self.loop.call_later(REQUEST_TIMEOUT_S, self.timed_out)
         self.transport.write(
-            REQUEST + (b"If-None-Match: " + self.etag + b"\r\n\r\n" if self.etag else b"\r\n")
+            self.request + (b"If-None-Match: " + self.etag + b"\r\n\r\n" if self.etag else b"\r\n")
         )
 
     async def connect(self) -> None:
@@ -277,18 +288,32 @@ class _Tally:
         self.reconnects = 0
 
 
-REQUEST = (
-    f"GET /api/thumbnails/progress?group_id={GROUP} HTTP/1.1\r\n"
-    f"Host: 127.0.0.1\r\nAuthorization: Bearer {SECRET}\r\n"
-).encode()
+def _request(token: str) -> bytes:
+    return (
+        f"GET /api/thumbnails/progress?group_id={GROUP} HTTP/1.1\r\n"
+        f"Host: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
+    ).encode()
 
 
-async def _clients(port: int, n: int, rate: float, seconds: float) -> dict[str, Any]:
+def _user_token(n: int) -> str:
+    """A Supabase-style access token of user u<n>, a member of GROUP, valid for an hour."""
+    import jwt
+
+    claims = {"sub": f"u{n:03d}", "aud": "authenticated", "role": "authenticated"}
+    return jwt.encode({**claims, "exp": int(time.time()) + 3600}, JWT_SECRET, algorithm="HS256")
+
+
+async def _clients(
+    port: int, n: int, rate: float, seconds: float, first_user: int | None
+) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     out = _Tally()
     start = loop.time() + 0.2
     until = start + seconds
-    pollers = [_Poller(port, rate, start, until, out) for _ in range(n)]
+    requests = [
+        _request(SECRET if first_user is None else _user_token(first_user + i)) for i in range(n)
+    ]
+    pollers = [_Poller(port, rate, start, until, out, requests[i]) for i in range(n)]
     for p in pollers:
         p.schedule()
     await asyncio.wait_for(
@@ -304,15 +329,19 @@ async def _clients(port: int, n: int, rate: float, seconds: float) -> dict[str, 
     }
 
 
-def run_clients(port: int, n: int, rate: float, seconds: float) -> dict[str, Any]:
+def run_clients(
+    port: int, n: int, rate: float, seconds: float, first_user: int | None = None
+) -> dict[str, Any]:
     """`n` pollers at `rate` requests/s each for `seconds`; raw latencies and errors, and the CPU
-    time this process used (to tell whether the clients could keep up)."""
+    time this process used (to tell whether the clients could keep up). With the admin secret,
+    or each as its own user (u<first_user>, u<first_user + 1>, ...) with a JWT."""
+    clients = _clients(port, n, rate, seconds, first_user)
     try:
         import uvloop  # about half the CPU per request of asyncio's own loop, here
     except ImportError:
-        out = asyncio.run(_clients(port, n, rate, seconds))
+        out = asyncio.run(clients)
     else:
-        out = uvloop.run(_clients(port, n, rate, seconds))
+        out = uvloop.run(clients)
     out["cpu_s"] = time.process_time()
     return out
 
@@ -435,7 +464,10 @@ def phase(
         for i, n in enumerate(per):
             path = work / f"clients-{rate}-{i}.json"
             client_outs.append(path)
-            procs.append(_spawn(["clients", str(port), str(n), str(rate), str(seconds)], path))
+            args = ["clients", str(port), str(n), str(rate), str(seconds)]
+            if generator == "users":
+                args += ["--first-user", str(sum(per[:i]))]
+            procs.append(_spawn(args, path))
     for proc in procs:
         if proc.wait(timeout=seconds + 120) != 0:
             raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
@@ -462,7 +494,7 @@ def phase(
             "max": round(w["max_us"] / 1000, 2),
         }
     elif clients:
-        result["generator"] = "python"
+        result["generator"] = generator
         due: list[float] = []
         sent: list[float] = []
         statuses: dict[str, int] = {}
@@ -517,6 +549,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("rate", type=float)
     c.add_argument("seconds", type=float)
     c.add_argument("--out", type=Path, required=True)
+    c.add_argument("--first-user", type=int, default=None)
     w = sub.add_parser("wrk")
     w.add_argument("port", type=int)
     w.add_argument("n", type=int)
@@ -531,7 +564,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--generators",
         default="python",
-        help="load generators, in turn: python (asyncio clients), wrk (needs the wrk binary)",
+        help="load generators, in turn: python (asyncio clients, the admin secret), users (the "
+        "same, each client a different user with a JWT: RLS and a cache entry per user), wrk "
+        "(the admin secret; needs the wrk binary)",
     )
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--files", type=int, default=0, help="queue size (default: enough)")
@@ -541,7 +576,8 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(run_batches(args.url, args.home, args.seconds)))
         return 0
     if args.role == "clients":
-        args.out.write_text(json.dumps(run_clients(args.port, args.n, args.rate, args.seconds)))
+        out = run_clients(args.port, args.n, args.rate, args.seconds, args.first_user)
+        args.out.write_text(json.dumps(out))
         return 0
     if args.role == "wrk":
         args.out.write_text(json.dumps(run_wrk(args.port, args.n, args.rate, args.seconds)))
@@ -620,6 +656,8 @@ def orchestrate(args: argparse.Namespace) -> int:
     rates = [float(r) for r in args.rates.split(",") if r]
     servers = [s for s in args.servers.split(",") if s]
     generators = [g for g in args.generators.split(",") if g]
+    if "users" in generators and args.clients > USERS:
+        raise SystemExit(f"bench.load: the users generator has {USERS} users")
     if "wrk" in generators and shutil.which("wrk") is None:
         print("bench.load: no wrk (apt-get install wrk): python clients only", file=sys.stderr)
         generators.remove("wrk")

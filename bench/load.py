@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ USERS = 1000  # members of GROUP, u000..u999, for the `users` generator
 GROUP = "load"
 CLIENT_PROCESSES = 2
 REQUEST_TIMEOUT_S = 5.0
+SLOW_S = 0.05  # answers slower than this are listed with when they were due
 
 
 # -- setup ------------------------------------------------------------------------------------
@@ -156,6 +158,7 @@ class _Poller(asyncio.Protocol):
         self.port = port
         self.request = request
         self.interval = 1 / rate
+        self.start = start
         self.due = start + random.random() * self.interval  # spread over the first interval
         self.until = until
         self.out = out
@@ -238,6 +241,8 @@ class _Poller(asyncio.Protocol):
         out = self.out
         out.from_due.append((self.late + took) * 1000)
         out.from_send.append(took * 1000)
+        if self.late + took > SLOW_S:
+            out.slow.append((round(self.due - self.start, 2), round((self.late + took) * 1000)))
         out.statuses[status] = out.statuses.get(status, 0) + 1
         if status not in (200, 304):
             out.errors.append(f"HTTP {status}")
@@ -280,6 +285,7 @@ class _Poller(asyncio.Protocol):
 
 class _Tally:
     def __init__(self) -> None:
+        self.slow: list[tuple[float, int]] = []  # (s into the phase, ms) of slow answers
         self.from_due: list[float] = []
         self.from_send: list[float] = []
         self.statuses: dict[int, int] = {}
@@ -325,6 +331,7 @@ async def _clients(
         "statuses": {str(k): v for k, v in out.statuses.items()},
         "errors": out.errors,
         "skipped": out.skipped,
+        "slow": out.slow,
         "reconnects": out.reconnects,
     }
 
@@ -501,8 +508,10 @@ def phase(
         errors: list[str] = []
         skipped = reconnects = 0
         client_cpu = 0.0
+        slow: Counter[int] = Counter()
         for path in client_outs:
             part = json.loads(path.read_text())
+            slow.update(int(at) for at, _ in part["slow"])
             due += part["from_due_ms"]
             sent += part["from_send_ms"]
             errors += part["errors"]
@@ -521,6 +530,8 @@ def phase(
             "skipped_late": skipped,
             "reconnects_after_close": reconnects,
             "client_cpu_share_of_one_core": round(client_cpu / seconds, 2),
+            # When the slow answers (over SLOW_S from due) were due: second of the phase -> count.
+            "slow_by_second": {str(k): v for k, v in sorted(slow.items())},
         }
         result["latency_ms_from_due"] = {
             "p50": _pct(due, 0.5),

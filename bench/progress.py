@@ -3,9 +3,11 @@
 Server-side latency is measured around Flask's test client (the whole WSGI app: routing, auth,
 the pooled connection, the query, JSON; no sockets). The naive way is a Flask route in this file
 that selects every job of the group and counts in Python, as a straightforward implementation
-does, on the same app and pool. Also measured: the 304 answer, the user-JWT path (RLS), one
-connection per request instead of the pool, and client-observed latency through waitress on
-loopback with a keep-alive connection.
+does, on the same app and pool. The progress and access caches are off for these, so every
+request reads the database. Also measured: the 304 answer, the user-JWT path (RLS), one
+connection per request instead of the pool, client-observed latency through waitress on loopback
+with a keep-alive connection, and the same requests with the default caches on (most polls then
+come from memory).
 
     .venv/bin/python -m bench.progress [--jobs 100000] [--requests 1000] [--naive-requests 50]
 
@@ -187,6 +189,9 @@ def main() -> None:
                 "DATABASE_URL": url,
                 "THUMBQ_CRON_SECRET": SECRET,
                 "THUMBQ_JWT_SECRET": JWT_SECRET,
+                # Every request reads the database: this measures the query, not the caches.
+                "THUMBQ_PROGRESS_CACHE_MS": "0",
+                "THUMBQ_ACCESS_CACHE_MS": "0",
             }
         )
         app = create_app(config)
@@ -217,6 +222,18 @@ def main() -> None:
             args.naive_requests,
             warmup=3,
         )
+        # With the default caches, as deployed: polls within the interval come from memory.
+        cached_app = create_app(config.with_(progress_cache_ms=500, access_cache_ms=30_000))
+        cached = cached_app.test_client()
+        cached_200, cached_304, cached_user = measure_interleaved(
+            [
+                get(cached, path, ADMIN, 200),
+                get(cached, path, {**ADMIN, "If-None-Match": etag}, 304),
+                get(cached, path, user, 200),
+            ],
+            n,
+        )
+        cached_app.extensions["thumbq"].close()
         per_request_app = create_app(config, pooled=False)
         per_request = measure(get(per_request_app.test_client(), path, ADMIN, 200), n // 5)
         loopback = over_waitress(app, path, ADMIN, n)
@@ -236,6 +253,9 @@ def main() -> None:
             "naive_select_all_and_count": summary(naive),
             "speedup_median": round(median(naive) / median(progress), 1),
             "progress_200_connection_per_request": summary(per_request),
+            "cached_default_200": summary(cached_200),
+            "cached_default_304": summary(cached_304),
+            "cached_default_200_user_jwt": summary(cached_user),
             "progress_200_waitress_loopback_client_observed": loopback,
             "targets": {
                 "median_le_5ms": median(progress) <= 5,

@@ -660,6 +660,12 @@ def test_rls_lets_a_user_read_only_the_groups_they_belong_to(
 # -- the progress cache ---------------------------------------------------------------------------
 
 
+def alices_group(conn: db.Conn) -> None:
+    """Two jobs in group `alices-group`, of which user `alice` is a member."""
+    enqueue(conn, 2, "alices-group", "a")
+    conn.execute("insert into thumbq.group_members values ('alices-group', 'alice')")
+
+
 def cached_client(api_config: Config, ttl_ms: int) -> tuple[Flask, FlaskClient]:
     app = create_app(api_config.with_(progress_cache_ms=ttl_ms), db_timeout_s=2.0)
     return app, app.test_client()
@@ -713,8 +719,7 @@ def test_a_change_made_through_the_app_shows_at_once_despite_the_cache(
 def test_the_cache_never_shows_one_users_group_to_another(
     api_config: Config, conn: db.Conn
 ) -> None:
-    enqueue(conn, 2, "alices-group", "a")
-    conn.execute("insert into thumbq.group_members values ('alices-group', 'alice')")
+    alices_group(conn)
     app, client = cached_client(api_config, 60_000)
     try:
         url = "/api/thumbnails/progress?group_id=alices-group"
@@ -777,8 +782,7 @@ def request_path() -> str:
 def test_a_users_polls_come_from_memory_until_the_token_expires(
     api_config: Config, conn: db.Conn
 ) -> None:
-    enqueue(conn, 2, "alices-group", "a")
-    conn.execute("insert into thumbq.group_members values ('alices-group', 'alice')")
+    alices_group(conn)
     app, client = cached_client(api_config, 60_000)
     reached_flask: list[str] = []
     app.before_request(lambda: reached_flask.append(request_path()))

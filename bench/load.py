@@ -19,7 +19,8 @@ The CPU the server and the clients used is reported beside it: on one machine, e
 they take is one the batches' renders do not get.
 
     .venv/bin/python -m bench.load [--clients 200] [--rates 10] [--seconds 60]
-                                   [--servers granian,waitress] [--generators python,wrk]
+                                   [--servers granian,waitress] [--generators python,users,wrk]
+                                   [--result load]
 
 All traffic goes to 127.0.0.1, bounded in count and time. The database server is
 BENCH_DATABASE_URL, TEST_DATABASE_URL or DATABASE_URL (else embedded).
@@ -577,6 +578,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--files", type=int, default=0, help="queue size (default: enough)")
+    parser.add_argument(
+        "--result", default="load", help="bench/results/<name>.json to write (default: load)"
+    )
     args = parser.parse_args(argv)
 
     if args.role == "batches":
@@ -718,7 +722,7 @@ def orchestrate(args: argparse.Namespace) -> int:
     for r in results:
         r["throughput_vs_baseline"] = round(r["batches"]["thumbnails_per_s"] / baseline, 3)
     write_result(
-        "load",
+        args.result,
         {
             "method": "`thumbq serve --server <kind>` in its own process on 127.0.0.1; batches "
             "in their own process; 200 keep-alive connections sending If-None-Match with the "

@@ -4,6 +4,7 @@ and render processes that are stopped at their deadline or memory limit and keep
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
 import subprocess
@@ -381,3 +382,84 @@ def test_the_pool_recovers_when_its_zygote_is_killed() -> None:
         wait_until_gone(child)  # children die with their zygote
         thumb = solo.render(corpus.a4_pdf(), None, timeout_s=10)
         assert (thumb.width, thumb.height) == (362, 512)
+
+
+# -- portability: the same code path on macOS ------------------------------------------------------
+
+# Loaded at start-up (sitecustomize) by the test's process and so by its render zygote: what macOS
+# lacks, made to fail as it fails there. No SOCK_SEQPACKET for AF_UNIX, and sys.platform says
+# "darwin", so the Linux-only calls (prctl's PDEATHSIG, RLIMIT_DATA) are not made.
+_MACOS_SHIM = """
+import errno, socket, sys
+
+_socketpair = socket.socketpair
+
+def socketpair(family=None, type=socket.SOCK_STREAM, proto=0):
+    if type == socket.SOCK_SEQPACKET:
+        raise OSError(errno.EPROTONOSUPPORT, "Protocol not supported")
+    return _socketpair(family, type, proto)
+
+socket.socketpair = socketpair
+sys.platform = "darwin"
+"""
+
+_MACOS_SCRIPT = """
+import json, sys, time
+from tests import corpus
+from worker.errors import ThumbqError
+from worker.render import RenderOptions
+from worker.render.process import RenderPool
+
+assert sys.platform == "darwin"
+pool = RenderPool(RenderOptions(), workers=1, memory_limit_mb=768)
+pool.start()
+out = {"a4": pool.render(corpus.a4_pdf(), None, timeout_s=10).height}
+started = time.monotonic()
+try:
+    pool.render(corpus.slow_pdf(), None, timeout_s=1.0)
+except ThumbqError as exc:
+    out["slow"] = exc.code
+out["slow_s"] = time.monotonic() - started
+out["jpeg"] = pool.render(corpus.small_jpeg(), None, timeout_s=10).width
+out["pids"] = pool.pids() + [pool._zygote.process.pid]
+print(json.dumps(out), flush=True)
+pool.render(corpus.slow_pdf(), None, timeout_s=60)  # killed in the middle of this one
+"""
+
+
+def test_render_processes_work_without_seqpacket_or_linux_calls_as_on_macos(
+    tmp_path: os.PathLike[str],
+) -> None:
+    """Regression (issue 9): on a Mac every job failed `internal` (the zygote's socket was
+    AF_UNIX/SOCK_SEQPACKET, which macOS lacks) and landed in the DLQ."""
+    shim = os.path.join(tmp_path, "sitecustomize.py")
+    with open(shim, "w") as f:
+        f.write(_MACOS_SHIM)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), repo])}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _MACOS_SCRIPT],
+        cwd=repo,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line, proc.communicate(timeout=10)[1][-3000:]
+        out = json.loads(line)
+        assert (out["a4"], out["slow"], out["jpeg"]) == (512, RENDER_TIMEOUT, 512)
+        assert 1.0 <= out["slow_s"] <= 2.0
+        # The worker dies while its child renders a pathological page: without PDEATHSIG, the
+        # zygote sees the worker's socket close and takes its children down with it.
+        time.sleep(0.3)
+        proc.kill()
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    for pid in out["pids"]:
+        wait_until_gone(pid)

@@ -21,6 +21,23 @@ all private writable mappings, which is where Python, Pillow and MuPDF allocate,
 libraries' code that RLIMIT_AS also counts (a child maps about 100 MB of address space for about
 50 MB of data). Either way malloc fails cleanly: Pillow raises MemoryError, MuPDF an error naming
 malloc, and the child reports `too_large`, then exits so that its successor starts unfragmented.
+macOS enforces neither limit on the memory malloc maps, so there a child is held only by the
+input limits (bytes, pixels, pages, checked before decoding) and by the system; other Unixes get
+RLIMIT_AS, which they do enforce.
+
+Portability: everything below is plain POSIX and runs the same on Linux and macOS (the CI runs
+this very code path). Linux-only calls are made on Linux only: RLIMIT_DATA (above) and prctl's
+PDEATHSIG (a child dies with its zygote). Elsewhere a child that outlives a dead worker is
+stopped by its zygote instead, which kills its own process group when the worker's socket closes.
+
+Wire format. Every socket is an AF_UNIX stream (macOS has no SOCK_SEQPACKET), and every message
+on it is a frame: an 8-byte big-endian unsigned length, then that many bytes.
+- Worker -> zygote: one frame holding JSON `[render options, memory limit in MB]`.
+  Zygote -> worker: one frame holding the new child's pid (8-byte big-endian), sent in the same
+  sendmsg as the worker's end of the child's socket (SCM_RIGHTS), so the two arrive together.
+- Worker -> child: a frame holding JSON `[declared type, size]`, then `size` raw bytes (the file).
+  Child -> worker: a frame holding the JSON reply header (`{"ok": true, ...}` or
+  `{"ok": false, "code", "message", "exit"}`), then a frame holding the thumbnail (empty on error).
 """
 
 from __future__ import annotations
@@ -335,9 +352,7 @@ class _Zygote:
     """A clean Python process with the renderers imported, which forks render children."""
 
     def __init__(self) -> None:
-        # SEQPACKET keeps each request and reply one message, so a reply and its file
-        # descriptor are read together.
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         with theirs:
             self.process = subprocess.Popen(
                 [sys.executable, "-c", _ZYGOTE_BOOT, json.dumps(sys.path), str(theirs.fileno())],
@@ -351,13 +366,23 @@ class _Zygote:
 
     def fork(self, opts: RenderOptions, memory_limit_mb: int) -> tuple[int, socket.socket]:
         """Ask for a new child; returns its pid and the parent's end of its socket."""
-        self.sock.sendall(json.dumps([asdict(opts), memory_limit_mb]).encode())
-        message, fds, _flags, _addr = socket.recv_fds(self.sock, 64, 1)
-        if not message or not fds:
+        self.sock.settimeout(None)
+        _send_frame(self.sock, json.dumps([asdict(opts), memory_limit_mb]).encode())
+        # The descriptor travels with the reply's first bytes; a stream may split the bytes
+        # themselves, so the rest of the frame is read like any other.
+        head, fds, _flags, _addr = socket.recv_fds(self.sock, _FRAME.size * 2, 1)
+        try:
+            if not head or not fds:
+                raise EOFError("render zygote closed its socket")
+            head += _recv_exact(self.sock, _FRAME.size * 2 - len(head), None)
+        except BaseException:
             for fd in fds:
                 os.close(fd)
-            raise EOFError("render zygote closed its socket")
-        (pid,) = _FRAME.unpack(message)
+            raise
+        size, pid = struct.unpack("!QQ", head)
+        if size != _FRAME.size:
+            os.close(fds[0])
+            raise EOFError("render zygote sent a malformed reply")
         return pid, socket.socket(fileno=fds[0])
 
     def close(self) -> None:
@@ -433,6 +458,10 @@ def _zygote_main(control_fd: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # The kernel reaps exited children; the parent learns of a death from the child's socket.
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    # Its own process group, which its children join: when the worker goes away (its socket
+    # closes), the zygote kills the group, so no child renders on for nobody (see _stop_children).
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
     control = socket.socket(fileno=control_fd)
     # Children inherit these imports. Rendering a sample here as well was measured to save a
     # child's first render only a few ms, less than it cost the start of every pool.
@@ -442,8 +471,10 @@ def _zygote_main(control_fd: int) -> None:
     zygote_pid = os.getpid()
 
     while True:
-        request = control.recv(65536)
-        if not request:
+        try:
+            request = _recv_frame(control, None, _MAX_HEADER)
+        except (EOFError, OSError):
+            _stop_children()
             return
         options, memory_limit_mb = json.loads(request)
         opts = RenderOptions(**options)
@@ -462,16 +493,33 @@ def _zygote_main(control_fd: int) -> None:
             finally:
                 os._exit(code)
         child_end.close()
-        socket.send_fds(control, [_FRAME.pack(pid)], [parent_end.fileno()])
+        socket.send_fds(
+            control, [_FRAME.pack(_FRAME.size) + _FRAME.pack(pid)], [parent_end.fileno()]
+        )
         parent_end.close()
 
 
+def _stop_children() -> None:
+    """Kill this zygote's process group (its children, and itself) if it leads one.
+
+    Runs when the worker's socket closes: after a normal close() no child is left, but after the
+    worker was killed a child may still be busy with a pathological file. PDEATHSIG covers this
+    on Linux; this is the same guarantee everywhere else, and it runs on Linux too.
+    """
+    if os.getpgrp() == os.getpid():
+        # SIGKILL cannot be caught: this is also the zygote's own exit.
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
 def _die_with_parent(parent_pid: int) -> None:
-    """Have the kernel SIGKILL this child when the zygote exits (Linux).
+    """Have the kernel SIGKILL this child when the zygote exits (Linux only: prctl).
 
     The zygote exits when the worker closes its socket, including when the worker itself dies;
-    without this, a child busy with a pathological page would go on rendering for nobody.
+    without this, a child busy with a pathological page would go on rendering for nobody. It also
+    covers a zygote killed outright, which _stop_children cannot.
     """
+    if not sys.platform.startswith("linux"):
+        return
     try:
         import ctypes
 
@@ -487,7 +535,13 @@ def _die_with_parent(parent_pid: int) -> None:
 def _limit_memory(megabytes: int) -> str:
     """Cap this process's private memory; returns the mechanism used (for diagnostics)."""
     limit = megabytes * 1024 * 1024
-    for name in ("RLIMIT_DATA", "RLIMIT_AS"):
+    if sys.platform.startswith("linux"):
+        names: tuple[str, ...] = ("RLIMIT_DATA", "RLIMIT_AS")
+    elif sys.platform == "darwin":
+        names = ()  # neither is enforced on what malloc maps (module docstring)
+    else:
+        names = ("RLIMIT_AS",)  # RLIMIT_DATA elsewhere counts only brk, which malloc rarely uses
+    for name in names:
         which = getattr(resource, name, None)
         if which is None:
             continue

@@ -597,7 +597,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"thumbq: {exc}", file=sys.stderr)
         return 2
-    return int(args.func(config, args))
+    from worker.embedded import EmbeddedUnavailable
+
+    try:
+        return int(args.func(config, args))
+    except EmbeddedUnavailable as exc:
+        print(f"thumbq: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -303,6 +303,17 @@ SCHEMAS: dict[str, Any] = {
             },
         },
     },
+    "Failure": {
+        "allOf": [_ref("Job")],
+        "required": ["permanent"],
+        "properties": {
+            "permanent": {
+                "type": "boolean",
+                "description": "The error is permanent (the input itself is the problem): no "
+                "retry will come, and retrying by hand fails the same way.",
+            }
+        },
+    },
     "QueueOverview": {
         "type": "object",
         "description": "The thumbq.queue_overview view (queue length, visible, in flight, oldest "
@@ -527,10 +538,11 @@ PATHS: dict[str, Any] = {
                         "required": ["group_id", "failures"],
                         "properties": {
                             "group_id": {"type": "string"},
-                            "failures": {"type": "array", "items": _ref("Job")},
+                            "failures": {"type": "array", "items": _ref("Failure")},
                         },
                     },
-                    "Recent failures, newest first.",
+                    "The group's files without a thumbnail and why (failed, unsupported, "
+                    "missing from storage, or retrying after an error), newest first.",
                 ),
                 "400": _err("BadRequest"),
                 "404": _err("NotFound"),

@@ -25,6 +25,7 @@ from api.auth import require_reader
 from api.errors import ApiError, json_response
 from api.state import AppState
 from worker import db
+from worker.errors import PERMANENT_CODES
 
 bp = Blueprint("pages", __name__, static_folder="static", static_url_path="/progress/static")
 
@@ -137,7 +138,8 @@ def _limit() -> int:
 
 @bp.get("/api/thumbnails/failures")
 def failures() -> Response:
-    """A group's most recent failed, unsupported and retrying jobs with their errors."""
+    """A group's files without a thumbnail and why: failed, unsupported, missing from storage,
+    or retrying after an error; newest first."""
     st = _state()
     who = require_reader(st.config)
     group_id = v.query_group_id()
@@ -151,8 +153,10 @@ def failures() -> Response:
         rows = db.run(conn, "recent_failures_of_group", params) if group else []
     if group is None:
         raise ApiError(404, "group_not_found", f"no group {group_id!r}")
+    # Whether a retry can help: the page promises no retry for a permanent error.
+    failures = [{**r, "permanent": r["error_code"] in PERMANENT_CODES} for r in rows]
     return json_response(
-        {"group_id": group_id, "failures": rows},
+        {"group_id": group_id, "failures": failures},
         200,
         {"Cache-Control": "no-cache", "Vary": "Authorization"},
     )

@@ -50,11 +50,14 @@ select * from thumbq.queue_overview
 select * from thumbq.recent_failures
 
 -- name: recent_failures_of_group
+-- Every file of the group that has no thumbnail and a reason: failed, unsupported, missing from
+-- storage (cancelled with source_missing), or waiting to retry after an error.
 select id, group_id, source_key, source_etag, content_type, status, error_code, last_error,
        attempts, max_attempts, next_attempt_at, updated_at
   from thumbq.jobs
  where group_id = %(group_id)s and error_code is not null
-   and status in ('failed', 'unsupported', 'pending', 'processing')
+   and (status in ('failed', 'unsupported', 'pending', 'processing')
+        or (status = 'cancelled' and error_code = 'source_missing'))
  order by updated_at desc
  limit %(limit)s
 

@@ -308,3 +308,142 @@ def test_failures_endpoint_has_the_progress_endpoints_auth_and_its_documented_sh
             assert set(r.get_json()["error"]) == {"code", "message"}
     finally:
         app.extensions["thumbq"].close()
+
+
+LONG_KEY = "uploads/2026/spring-conference/keynote-presentation-final-version-speaker-notes.pdf"
+
+# Where a cell's text wraps: "x|y" for each line break between the characters x and y.
+_LINE_BREAKS_JS = """
+const walker = document.createTreeWalker(arguments[0], NodeFilter.SHOW_TEXT);
+const chars = [];
+while (walker.nextNode()) {
+  const node = walker.currentNode;
+  for (let i = 0; i < node.length; i++) {
+    const range = document.createRange();
+    range.setStart(node, i);
+    range.setEnd(node, i + 1);
+    const rect = range.getClientRects()[0];
+    if (rect) chars.push([node.data[i], rect.top]);
+  }
+}
+const breaks = [];
+for (let i = 1; i < chars.length; i++) {
+  if (chars[i][1] > chars[i - 1][1] + 2) breaks.push(chars[i - 1][0] + "|" + chars[i][0]);
+}
+return breaks;
+"""
+
+
+def test_progress_page_shows_each_outcome_wraps_names_between_parts_and_promises_only_real_retries(
+    browser: Any, tmp_path: Path, db_url: str
+) -> None:
+    # Regressions (issue 10): the bar was all green at 100% though files failed; file names
+    # broke mid-word (word-break: break-all); a permanent failure read "Attempts 1 / 3", as if
+    # a retry would come; a file missing from storage was not listed at all.
+    from selenium.webdriver.common.by import By
+
+    from worker.render.process import RenderPool
+
+    config = Config.from_env(
+        {
+            "THUMBQ_HOME": str(tmp_path / "home"),
+            "DATABASE_URL": db_url,
+            "THUMBQ_STORAGE_URL": (tmp_path / "storage").as_uri(),
+            "THUMBQ_CONCURRENCY": "1",
+            "THUMBQ_CRON_SECRET": SECRET,
+        }
+    )
+    storage = open_storage(config)
+    group = "split"
+    items = put_samples(storage, "ok/", good=4)
+    broken = storage.put(LONG_KEY, b"%PDF-1.7 cut short", "application/pdf")
+    items.append({"source_key": LONG_KEY, "etag": broken.etag, "content_type": "application/pdf"})
+    text = storage.put("notes/readme.txt", b"just text", "text/plain")
+    items.append({"source_key": "notes/readme.txt", "etag": text.etag})
+    items.append({"source_key": "gone/deleted-before-the-batch.jpg", "etag": "v1"})
+    storage.put("flaky/photo.jpg", b"\xff\xd8\xff", "image/jpeg")
+    items.append({"source_key": "flaky/photo.jpg", "etag": "e1", "content_type": "image/jpeg"})
+    with db.connect(db_url) as conn:
+        enqueue(conn, storage, config, items, group)
+        q = Queue(conn)
+        # The flaky photo fails once with a transient error, through the real transitions.
+        claim = q.claim("test-worker", 100, 60)
+        flaky = next(j for j in claim.jobs if j.source_key == "flaky/photo.jpg")
+        q.fail("test-worker", flaky, "storage_error", "storage answered 503", permanent=False)
+        q.release("test-worker", [j.id for j in claim.jobs if j.id != flaky.id])
+        with RenderPool(render_options(config), 1, config.render_memory_mb) as pool:
+            run_batch(config, conn, storage, pool)
+        p = q.progress(group)
+    assert p is not None
+    assert (p["completed"], p["failed"], p["unsupported"], p["cancelled"], p["pending"]) == (
+        4,
+        1,
+        1,
+        1,
+        1,
+    )
+
+    from api import create_app
+
+    app = create_app(config)
+    server = ServerThread(app).start()
+    try:
+        browser.set_window_size(1000, 900)
+        browser.get(f"{server.url}/progress?group_id={group}#key={SECRET}")
+        rows = wait_until(
+            lambda: (
+                (r := browser.find_elements(By.CSS_SELECTOR, "#failures-body tr"))
+                and len(r) == 4
+                and r
+            ),
+            10,
+        )
+        by_key = {r.find_element(By.CSS_SELECTOR, "td.key").text.replace("\n", ""): r for r in rows}
+        assert set(by_key) == {
+            LONG_KEY,
+            "notes/readme.txt",
+            "gone/deleted-before-the-batch.jpg",
+            "flaky/photo.jpg",
+        }
+
+        def cells(key: str) -> dict[str, str]:
+            tds = by_key[key].find_elements(By.TAG_NAME, "td")
+            return {"status": tds[1].text, "why": tds[2].text, "retry": tds[3].text}
+
+        missing = cells("gone/deleted-before-the-batch.jpg")
+        assert missing["status"] == "cancelled" and "source_missing" in missing["why"]
+        for key in (LONG_KEY, "notes/readme.txt", "gone/deleted-before-the-batch.jpg"):
+            retry = cells(key)["retry"]
+            assert retry.startswith("no retry"), (key, retry)
+            assert " of 3" not in retry and "/ 3" not in retry
+        flaky_cells = cells("flaky/photo.jpg")
+        assert flaky_cells["status"] == "retrying"
+        assert flaky_cells["retry"].startswith("attempt 2 of 3 at ")
+
+        # The long name wraps, and only right after a separator.
+        key_cell = by_key[LONG_KEY].find_element(By.CSS_SELECTOR, "td.key")
+        breaks = browser.execute_script(_LINE_BREAKS_JS, key_cell)
+        assert breaks, "the long name should wrap in its column"
+        assert all(b[0] in "/-_." for b in breaks), breaks
+
+        # The bar: each outcome's share of the 8 files, side by side.
+        def share(name: str) -> float:
+            return float(
+                browser.execute_script(
+                    "const s = document.getElementById(arguments[0]);"
+                    "return s.getBoundingClientRect().width"
+                    " / s.parentElement.getBoundingClientRect().width;",
+                    f"seg-{name}",
+                )
+            )
+
+        time.sleep(0.6)  # the segments' width transition
+        shares = {s: share(s) for s in ("completed", "failed", "unsupported", "cancelled")}
+        assert abs(shares["completed"] - 4 / 8) < 0.02, shares
+        for name in ("failed", "unsupported", "cancelled"):
+            assert abs(shares[name] - 1 / 8) < 0.02, shares
+        assert browser.find_element(By.ID, "percent").text == "87.5%"
+        assert browser.save_screenshot(str(tmp_path / "split.png"))
+    finally:
+        server.close()
+        app.extensions["thumbq"].close()

@@ -90,10 +90,24 @@
     return s < 60 ? s + " s ago" : Math.round(s / 60) + " min ago";
   }
 
+  // The bar's segments, in order: each outcome's share of the group, so that 100% with
+  // failures shows red and amber beside the green instead of one green bar.
+  const SEGMENTS = ["completed", "failed", "unsupported", "cancelled", "processing"];
+
+  function renderBar(p) {
+    const total = Number(p.total) || 0;
+    for (const s of SEGMENTS) {
+      const share = total > 0 ? (100 * (Number(p[s]) || 0)) / total : 0;
+      const seg = $("seg-" + s);
+      seg.style.width = share + "%";
+      seg.title = s + ": " + (p[s] ?? 0);
+    }
+  }
+
   function render(p) {
     const pct = Math.max(0, Math.min(100, Number(p.progress_percentage) || 0));
     const done = p.total - p.pending - p.processing;
-    $("bar-fill").style.width = pct + "%";
+    renderBar(p);
     document.querySelector(".bar").setAttribute("aria-valuenow", String(pct));
     $("percent").textContent = (pct === 100 ? "100" : pct.toFixed(1)) + "%";
     $("done-of-total").textContent = done + " of " + p.total + " files";
@@ -108,6 +122,32 @@
     document.title = pct.toFixed(0) + "% - thumbq " + p.group_id;
   }
 
+  // A file name as text with a line-break opportunity after each separator, so that a long
+  // key wraps between its parts ("uploads/", "keynote-") instead of in the middle of a word.
+  function keyNode(text) {
+    const frag = document.createDocumentFragment();
+    for (const part of String(text).split(/(?<=[\/\-_.])/)) {
+      frag.append(document.createTextNode(part), document.createElement("wbr"));
+    }
+    return frag;
+  }
+
+  function fmtAt(iso) {
+    const t = Date.parse(iso);
+    if (Number.isNaN(t)) return "";
+    return new Date(t).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+  }
+
+  // What happens next to a file, from its status: a retry is only promised when one will come.
+  function retryText(f) {
+    if (f.status === "pending" || f.status === "processing") {
+      const next = f.next_attempt_at ? " at " + fmtAt(f.next_attempt_at) : "";
+      return "attempt " + (Number(f.attempts) + 1) + " of " + f.max_attempts + next;
+    }
+    if (f.permanent) return "no retry (permanent error)";
+    return "gave up after " + f.attempts + " attempts";
+  }
+
   function renderFailures(rows) {
     const body = $("failures-body");
     body.replaceChildren();
@@ -115,9 +155,11 @@
       const tr = document.createElement("tr");
       const key = document.createElement("td");
       key.className = "key";
-      key.textContent = f.source_key;
+      key.title = f.source_key;
+      key.append(keyNode(f.source_key));
       const status = document.createElement("td");
-      status.textContent = f.status;
+      status.className = "status";
+      status.textContent = f.status === "pending" || f.status === "processing" ? "retrying" : f.status;
       const err = document.createElement("td");
       const code = document.createElement("span");
       code.className = "code " + String(f.error_code || "").replace(/[^\w-]/g, "");
@@ -126,14 +168,14 @@
       msg.className = "error-message";
       msg.textContent = f.last_error || "";
       err.append(code, msg);
-      const attempts = document.createElement("td");
-      attempts.className = "attempts";
-      attempts.textContent = f.attempts + " / " + f.max_attempts;
+      const retry = document.createElement("td");
+      retry.className = "retry";
+      retry.textContent = retryText(f);
       const when = document.createElement("td");
       when.className = "when";
       when.dataset.at = f.updated_at;
       when.textContent = fmtAgo(f.updated_at);
-      tr.append(key, status, err, attempts, when);
+      tr.append(key, status, err, retry, when);
       body.append(tr);
     }
     $("failures-table").hidden = rows.length === 0;
@@ -241,7 +283,7 @@
 
   async function refreshFailures(p) {
     // Only when something that can add or clear a failure moved.
-    const sig = [p.failed, p.unsupported, p.pending, p.processing, p.total].join(",");
+    const sig = [p.failed, p.unsupported, p.cancelled, p.pending, p.processing, p.total].join(",");
     if (sig === state.failuresSig) return;
     state.failuresSig = sig;
     try {

@@ -7,8 +7,10 @@ no prepared statements, no session state, no LISTEN; each call is its own transa
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -38,6 +40,81 @@ def sql_dir() -> Path:
 def schema_files() -> list[Path]:
     """The ordered, idempotent schema files (`NNN_name.sql`)."""
     return sorted(p for p in sql_dir().glob("[0-9][0-9][0-9]_*.sql"))
+
+
+class SchemaChainError(RuntimeError):
+    """The schema files break the append-only rule: a released file was edited, removed or
+    numbered over. Raised before anything touches a database."""
+
+
+@dataclass(frozen=True)
+class ReleasedFile:
+    """A file as a release shipped it: its path in the repository, checksum and release."""
+
+    path: str
+    sha256: str
+    version: str
+    commit: str
+
+
+@cache
+def released_files() -> dict[str, ReleasedFile]:
+    """Every schema file and Supabase migration that a release shipped, by repository path
+    (`sql/released.json`): frozen, because users have applied them."""
+    manifest = json.loads((sql_dir() / "released.json").read_text(encoding="utf-8"))
+    return {
+        path: ReleasedFile(path, sha, release["version"], release["commit"])
+        for release in manifest["releases"]
+        for path, sha in release["files"].items()
+    }
+
+
+def file_sha256(path: Path) -> str:
+    """The checksum thumbq records for a schema file: of its text with newlines as \\n (what
+    git stores), so that a checkout that writes CRLF line ends still matches."""
+    return hashlib.sha256(path.read_text(encoding="utf-8").encode()).hexdigest()
+
+
+def check_chain(files: list[Path] | None = None) -> None:
+    """Refuse schema files that break the append-only chain: every released file is present
+    and unchanged, and every newer file has a number of its own after the released ones.
+
+    A released file is never edited because an existing database (or Supabase project, which
+    records migrations by version) would never receive the edit."""
+    files = schema_files() if files is None else files
+    by_name = {p.name: p for p in files}
+    released = {
+        r.path.removeprefix("sql/"): r
+        for r in released_files().values()
+        if r.path.startswith("sql/")
+    }
+    for name, rel in sorted(released.items()):
+        path = by_name.get(name)
+        how = "was removed" if path is None else "was edited"
+        if path is None or file_sha256(path) != rel.sha256:
+            raise SchemaChainError(
+                f"thumbq: sql/{name} {how} after it shipped in {rel.version} (commit "
+                f"{rel.commit}); released schema files are frozen, because databases and "
+                f"Supabase projects that applied it never apply it again. Restore it "
+                f"(git checkout {rel.commit} -- sql/{name}) and put the change in a new file "
+                "sql/NNN_name.sql (docs/migrations.md)."
+            )
+    last_released = max((int(n[:3]) for n in released), default=0)
+    numbers: dict[int, str] = {}
+    for name in sorted(by_name):
+        number = int(name[:3])
+        if number in numbers:
+            raise SchemaChainError(
+                f"thumbq: sql/{numbers[number]} and sql/{name} share the number {number:03d}; "
+                "each schema file needs a number of its own (it is its migration version)."
+            )
+        numbers[number] = name
+        if name not in released and number <= last_released:
+            raise SchemaChainError(
+                f"thumbq: sql/{name} is numbered among the released files (up to "
+                f"{last_released:03d}): a new file runs after them, so number it "
+                f"{last_released + 1:03d} or later."
+            )
 
 
 def parse_queries(text: str) -> dict[str, str]:
@@ -179,8 +256,11 @@ def init_schema(conn: Conn) -> dict[str, Any]:
     every file after the first one applied.
 
     All in one transaction under an advisory lock: concurrent callers wait, and a failure
-    leaves nothing half-applied. Safe to run again and again.
+    leaves nothing half-applied. Safe to run again and again. Refuses (SchemaChainError) to
+    run files whose released ones were edited: see check_chain.
     """
+    files = schema_files()
+    check_chain(files)
     applied: list[str] = []
     with conn.transaction():
         conn.execute("select pg_advisory_xact_lock(%s)", [_INIT_LOCK])
@@ -195,11 +275,13 @@ def init_schema(conn: Conn) -> dict[str, Any]:
             r["version"]: r["checksum"]
             for r in conn.execute("select version, checksum from thumbq.schema_migrations")
         }
-        for path in schema_files():
+        for path in files:
             text = path.read_text(encoding="utf-8")
-            checksum = hashlib.sha256(text.encode()).hexdigest()
-            # Once one file changed, every later one runs again too: later files may undo or
-            # refine what an earlier one does (008's revokes after 005's grants).
+            checksum = hashlib.sha256(text.encode()).hexdigest()  # as file_sha256
+            # A recorded checksum differs only on a database set up before the file was
+            # released (released files are frozen), or by an unreleased file during
+            # development. Once one file changed, every later one runs again too: later files
+            # may undo or refine what an earlier one does (008's revokes after 005's grants).
             if not applied and done.get(path.stem) == checksum:
                 continue
             conn.execute(text.encode())  # several statements: simple query protocol

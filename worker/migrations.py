@@ -5,6 +5,10 @@
 transaction, uses the pgmq extension (never the SQL-only install) and records itself in
 `thumbq.schema_migrations` with the same checksum `thumbq db init` uses, so the two tools can be
 mixed on one database without re-applying anything.
+
+The chain is append-only: `supabase db push` applies each version once, so a migration that
+shipped (sql/released.json) is never written again; a change is a new sql/ file, whose number
+gives it a new version after every released one (docs/migrations.md).
 """
 
 from __future__ import annotations
@@ -79,12 +83,40 @@ def migrations() -> list[Migration]:
 
 
 def export(out: Path) -> list[Path]:
-    """Write the migrations into `out`; return the paths written (unchanged files included)."""
+    """Write the migrations into `out`; return their paths (unchanged files included).
+
+    A released migration is never rewritten: one that is missing is written as it shipped, one
+    that differs from what shipped stops the export (SchemaChainError), and so does a generator
+    that no longer reproduces a released file byte for byte. Generated files of schema files
+    that no longer exist (an unreleased file renamed) are removed, so no version is doubled.
+    """
+    db.check_chain()
+    released = db.released_files()
     out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for m in migrations():
+    wanted = migrations()
+    paths = []
+    for m in wanted:
         path = out / m.name
+        shipped = released.get(f"{DEFAULT_OUT.as_posix()}/{m.name}")
+        if shipped is not None:
+            if hashlib.sha256(m.text.encode()).hexdigest() != shipped.sha256:
+                raise db.SchemaChainError(
+                    f"thumbq: the generator no longer reproduces {m.name} as {shipped.version} "
+                    "shipped it; released migrations are frozen: keep render() writing them as "
+                    "they were (or copy the file from the release)"
+                )
+            if path.exists() and db.file_sha256(path) != shipped.sha256:
+                raise db.SchemaChainError(
+                    f"thumbq: {path} was edited after it shipped in {shipped.version} (commit "
+                    f"{shipped.commit}); Supabase projects that pushed it never apply it again. "
+                    f"Restore it (git checkout {shipped.commit} -- {shipped.path}) and put the "
+                    "change in a new sql/ file (docs/migrations.md)."
+                )
         if not path.exists() or path.read_text(encoding="utf-8") != m.text:
             path.write_text(m.text, encoding="utf-8")
-        written.append(path)
-    return written
+        paths.append(path)
+    names = {m.name for m in wanted}
+    for stale in out.glob("*_thumbq_*.sql"):
+        if stale.name not in names:
+            stale.unlink()
+    return paths

@@ -3,23 +3,38 @@
 The server is the one in TEST_DATABASE_URL, else an embedded pgserver Postgres, so the suite
 passes on a laptop too. The schema is applied once to a template database; each test gets
 `CREATE DATABASE ... TEMPLATE`, which is fast and isolates tests completely.
+
+Which pgmq a test's database has is chosen, never left to the server: by default the `pgmq`
+package's SQL (the embedded default's path), whether or not the server also offers the pgmq
+extension. A module marked `pytest.mark.pgmq_versions` runs each test that takes a database
+three times: on that SQL install and on the pgmq extension at 1.4.4 and 1.5.1 (Supabase's), one
+template each, made on first use. A test may also take `pgmq_install` to ask for one.
 """
 
 from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
+from tests.pgtools import PGMQ_EXTENSION_VERSIONS, PGMQ_SQL, install_pgmq
 from worker import db
 from worker.config import Config
 
 pytest_plugins = ["tests.s3fixtures"]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "pgmq_install" in metafunc.fixturenames and metafunc.definition.get_closest_marker(
+        "pgmq_versions"
+    ):
+        installs = [PGMQ_SQL, *PGMQ_EXTENSION_VERSIONS]
+        metafunc.parametrize("pgmq_install", installs, ids=[f"pgmq-{i}" for i in installs])
 
 
 def _with_db(url: str, name: str) -> str:
@@ -44,39 +59,91 @@ def _admin(url: str) -> psycopg.Connection[tuple[object, ...]]:
     return psycopg.connect(_with_db(url, "postgres"), autocommit=True)
 
 
+class Templates:
+    """Template databases with the thumbq schema, one per pgmq install, made on first use."""
+
+    def __init__(self, server_url: str) -> None:
+        self.server_url = server_url
+        self.names: dict[str, str] = {}
+
+    def get(self, pgmq: str) -> str:
+        if pgmq not in self.names:
+            name = f"thumbq_tpl_{uuid.uuid4().hex[:8]}"
+            with _admin(self.server_url) as admin:
+                admin.execute(f'create database "{name}"')
+            try:
+                with db.connect(_with_db(self.server_url, name)) as conn:
+                    install_pgmq(conn, pgmq)
+                    db.init_schema(conn)
+            except BaseException:
+                self._drop(name)
+                raise
+            self.names[pgmq] = name
+        return self.names[pgmq]
+
+    def _drop(self, name: str) -> None:
+        with _admin(self.server_url) as admin:
+            admin.execute(f'drop database if exists "{name}" with (force)')
+
+    def close(self) -> None:
+        for name in self.names.values():
+            self._drop(name)
+
+
 @pytest.fixture(scope="session")
-def template_db(pg_server_url: str) -> Iterator[str]:
-    """A database with pgmq and the thumbq schema, used as the template of every test's."""
-    name = f"thumbq_tpl_{uuid.uuid4().hex[:8]}"
-    with _admin(pg_server_url) as admin:
-        admin.execute(f'create database "{name}"')
-    with db.connect(_with_db(pg_server_url, name)) as conn:
-        db.init_schema(conn)
-    yield name
-    with _admin(pg_server_url) as admin:
-        admin.execute(f'drop database if exists "{name}" with (force)')
+def templates(pg_server_url: str) -> Iterator[Templates]:
+    """The session's template databases, by pgmq install."""
+    made = Templates(pg_server_url)
+    yield made
+    made.close()
+
+
+@pytest.fixture(scope="session")
+def template_db(templates: Templates) -> str:
+    """The default template: pgmq from the package's SQL and the thumbq schema."""
+    return templates.get(PGMQ_SQL)
 
 
 @pytest.fixture
-def db_url(pg_server_url: str, template_db: str) -> Iterator[str]:
-    """A fresh database with the schema, dropped after the test."""
+def pgmq_install() -> str:
+    """Which pgmq the test's database has (parametrized in `pgmq_versions` modules)."""
+    return PGMQ_SQL
+
+
+@pytest.fixture
+def db_url(pg_server_url: str, templates: Templates, pgmq_install: str) -> Iterator[str]:
+    """A fresh database with pgmq and the schema, dropped after the test."""
+    template = templates.get(pgmq_install)
     name = f"thumbq_t_{uuid.uuid4().hex[:12]}"
     with _admin(pg_server_url) as admin:
-        admin.execute(f'create database "{name}" template "{template_db}"')
+        admin.execute(f'create database "{name}" template "{template}"')
     yield _with_db(pg_server_url, name)
     with _admin(pg_server_url) as admin:
         admin.execute(f'drop database if exists "{name}" with (force)')
 
 
 @pytest.fixture
-def empty_db_url(pg_server_url: str) -> Iterator[str]:
+def new_db(pg_server_url: str) -> Iterator[Callable[[], str]]:
+    """Makes empty databases (as many as the test asks for), dropped after the test."""
+    made: list[str] = []
+
+    def make() -> str:
+        name = f"thumbq_e_{uuid.uuid4().hex[:12]}"
+        with _admin(pg_server_url) as admin:
+            admin.execute(f'create database "{name}"')
+        made.append(name)
+        return _with_db(pg_server_url, name)
+
+    yield make
+    with _admin(pg_server_url) as admin:
+        for name in made:
+            admin.execute(f'drop database if exists "{name}" with (force)')
+
+
+@pytest.fixture
+def empty_db_url(new_db: Callable[[], str]) -> str:
     """A fresh database with nothing in it."""
-    name = f"thumbq_e_{uuid.uuid4().hex[:12]}"
-    with _admin(pg_server_url) as admin:
-        admin.execute(f'create database "{name}"')
-    yield _with_db(pg_server_url, name)
-    with _admin(pg_server_url) as admin:
-        admin.execute(f'drop database if exists "{name}" with (force)')
+    return new_db()
 
 
 @pytest.fixture

@@ -22,6 +22,9 @@ from worker.render.process import RenderPool
 from worker.service import backfill, enqueue
 from worker.storage import Storage, open_storage
 
+# Every test on the pgmq package's SQL and on the pgmq extension 1.4.4 and 1.5.1 (conftest).
+pytestmark = pytest.mark.pgmq_versions
+
 # What an invocation may run past budget - buffer: thread joins, the last flush, finish_run.
 MARGIN_MS = 600
 

@@ -1,8 +1,11 @@
 """`thumbq db init` on a database whose pgmq is already there, at another version.
 
-thumbq keeps an existing pgmq (the extension Supabase ships, or an earlier SQL install). One that
-lacks a function thumbq calls must stop `db init` with a message naming it, before anything of
-thumbq is created, instead of failing later inside a claim with a confusing error.
+thumbq keeps an existing pgmq (the extension Supabase ships, or an earlier SQL install). The
+extension at the versions Supabase ships (1.4.4, 1.5.1: built from their sources by
+.ci/extensions) must be accepted as it is. A pgmq that lacks a function thumbq calls (older than
+any source kept here, so emulated by dropping functions from the package's SQL install) must
+stop `db init` with a message naming it, before anything of thumbq is created, instead of
+failing later inside a claim with a confusing error.
 """
 
 from __future__ import annotations
@@ -11,15 +14,16 @@ import json
 
 import pytest
 
+from tests.pgtools import PGMQ_EXTENSION_VERSIONS, PGMQ_SQL, install_pgmq, require_pgmq_extension
 from worker import db
 from worker.cli import main as cli_main
+from worker.queue import Queue
 
 
 def _install_pgmq(url: str, *after: str) -> None:
-    """The pgmq package's SQL, then `after` statements that make it another version."""
+    """The pgmq package's SQL, then `after` statements that make it an older pgmq."""
     with db.connect(url) as conn:
-        with conn.transaction():
-            db.ensure_pgmq(conn)
+        install_pgmq(conn, PGMQ_SQL)
         for sql in after:
             conn.execute(sql)
 
@@ -74,22 +78,56 @@ def test_init_names_everything_an_old_pgmq_lacks(empty_db_url: str) -> None:
     assert not _thumbq_schema_exists(empty_db_url)
 
 
-def test_init_accepts_the_pgmq_1_4_4_read_without_the_later_conditional_argument(
+@pytest.mark.parametrize("version", PGMQ_EXTENSION_VERSIONS)
+def test_init_keeps_the_pgmq_extension_supabase_ships(empty_db_url: str, version: str) -> None:
+    # 1.4.4 has read(text, integer, integer); 1.5 adds `conditional jsonb default '{}'`.
+    # thumbq's calls fit both, so both must pass, and the extension stays at its version.
+    with db.connect(empty_db_url) as conn:
+        install_pgmq(conn, version)
+        result = db.init_schema(conn)
+        read_args = conn.execute(
+            "select pg_get_function_identity_arguments(p.oid) as args from pg_proc p"
+            " where p.pronamespace = 'pgmq'::regnamespace and p.proname = 'read'"
+        ).fetchall()
+        ext = conn.execute("select extversion from pg_extension where extname = 'pgmq'")
+        assert ext.fetchone() == {"extversion": version}
+    assert result["pgmq"] == "present" and "001_schema" in result["applied"]
+    expected = "queue_name text, vt integer, qty integer"
+    if version != "1.4.4":
+        expected += ", conditional jsonb"
+    assert [r["args"] for r in read_args] == [expected]
+
+
+def test_init_creates_the_offered_extension_rather_than_the_sql_install(
     empty_db_url: str,
 ) -> None:
-    # pgmq 1.4.4 (Supabase) has read(text, integer, integer); 1.5+ adds `conditional jsonb
-    # default '{}'`. thumbq's call fits both, so both must pass.
-    _install_pgmq(
-        empty_db_url,
-        "drop function pgmq.read(text, integer, integer, jsonb)",
-        "create function pgmq.read(queue_name text, vt integer, qty integer)"
-        " returns setof pgmq.message_record language sql"
-        " as 'select (null::pgmq.message_record).* where false'",
-    )
+    # Where the server offers pgmq (Supabase), db init creates the extension (the server's
+    # default version), not the package's SQL copy.
     with db.connect(empty_db_url) as conn:
-        result = db.init_schema(conn)
-    assert result["pgmq"] == "present" and "001_schema" in result["applied"]
-    assert _thumbq_schema_exists(empty_db_url)
+        require_pgmq_extension(conn, PGMQ_EXTENSION_VERSIONS[-1])
+        assert db.init_schema(conn)["pgmq"] == "extension"
+        row = conn.execute(
+            "select e.extversion, v.default_version from pg_extension e"
+            " join pg_available_extensions v on v.name = e.extname where e.extname = 'pgmq'"
+        ).fetchone()
+    assert row is not None and row["extversion"] == row["default_version"]
+
+
+def test_queued_work_survives_alter_extension_pgmq_update_from_1_4_4(empty_db_url: str) -> None:
+    # A Supabase project that upgrades pgmq in place keeps its queue and thumbq keeps working.
+    with db.connect(empty_db_url) as conn:
+        install_pgmq(conn, "1.4.4")
+        require_pgmq_extension(conn, "1.5.1")
+        db.init_schema(conn)
+        queue = Queue(conn)
+        queue.enqueue([{"source_key": "a.pdf", "etag": "e1"}, {"source_key": "b.pdf"}], "g1")
+        conn.execute("alter extension pgmq update to '1.5.1'")
+        assert db.init_schema(conn) == {"pgmq": "present", "applied": []}
+        claimed = queue.claim("w1", 10, vt_seconds=60).jobs
+        assert sorted(c.source_key for c in claimed) == ["a.pdf", "b.pdf"]
+        queue.complete("w1", [{"job_id": c.id, "msg_id": c.msg_id} for c in claimed])
+        group = conn.execute("select completed, pending from thumbq.groups where group_id = 'g1'")
+        assert group.fetchone() == {"completed": 2, "pending": 0}
 
 
 def test_a_second_db_init_on_a_good_database_is_a_no_op(

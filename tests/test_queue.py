@@ -14,6 +14,9 @@ import pytest
 from worker import db, ratelimit
 from worker.queue import Queue
 
+# Every test on the pgmq package's SQL and on the pgmq extension 1.4.4 and 1.5.1 (conftest).
+pytestmark = pytest.mark.pgmq_versions
+
 ROOT = Path(__file__).resolve().parent.parent
 STATUSES = ("pending", "processing", "completed", "failed", "unsupported", "cancelled")
 PGMQ_144_API = {

@@ -115,6 +115,8 @@ def test_init_creates_the_offered_extension_rather_than_the_sql_install(
 
 def test_queued_work_survives_alter_extension_pgmq_update_from_1_4_4(empty_db_url: str) -> None:
     # A Supabase project that upgrades pgmq in place keeps its queue and thumbq keeps working.
+    # Regression: 0.1.0's queue_overview called pgmq.metrics directly, and the upgrade, which
+    # re-creates it, failed with "cannot drop function metrics(text)".
     with db.connect(empty_db_url) as conn:
         install_pgmq(conn, "1.4.4")
         require_pgmq_extension(conn, "1.5.1")
@@ -128,6 +130,8 @@ def test_queued_work_survives_alter_extension_pgmq_update_from_1_4_4(empty_db_ur
         queue.complete("w1", [{"job_id": c.id, "msg_id": c.msg_id} for c in claimed])
         group = conn.execute("select completed, pending from thumbq.groups where group_id = 'g1'")
         assert group.fetchone() == {"completed": 2, "pending": 0}
+        overview = conn.execute("select queue_length, jobs_completed from thumbq.queue_overview")
+        assert overview.fetchone() == {"queue_length": 0, "jobs_completed": 2}
 
 
 def test_a_second_db_init_on_a_good_database_is_a_no_op(

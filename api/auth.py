@@ -3,8 +3,10 @@
 Admin routes need `Authorization: Bearer <THUMBQ_CRON_SECRET>` (Vercel Cron sends
 `Bearer $CRON_SECRET`, which Config reads as a fallback). Without a configured secret they refuse
 with 503 `not_configured`: the server, not the caller, has to be fixed, and nothing is open.
-The progress endpoint also takes a user JWT signed with THUMBQ_JWT_SECRET (HS256, `aud`
-"authenticated", `exp` and `sub` required); RLS then decides which groups the user sees.
+Reading routes (progress, failures, the gallery) also take a page token made from that secret
+(worker/signing.py: read-only, short-lived; the link `thumbq up` prints) and a user JWT signed
+with THUMBQ_JWT_SECRET (HS256, `aud` "authenticated", `exp` and `sub` required); RLS then
+decides which groups the user sees.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from flask import request
 
 from api.errors import ApiError
 from worker.config import Config
+from worker.signing import is_page_token, page_token_expired
 
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="thumbq"'}
 JWT_AUDIENCE = "authenticated"
@@ -90,15 +93,32 @@ def require_admin(config: Config) -> Principal:
     return ADMIN
 
 
+def operator_may_read(token: str, config: Config) -> bool:
+    """Whether `token` is the admin secret or a live page token made from it (`thumbq up`'s
+    link): the operator's read access, checked here for the routes and the fast path alike."""
+    if not config.cron_secret:
+        return False
+    if is_page_token(token):
+        return page_token_expired(token, config.cron_secret) is False
+    return secret_matches(token, config.cron_secret)
+
+
 def require_reader(config: Config) -> Principal:
-    """Let the operator or a user with a valid JWT through (the progress endpoint)."""
+    """Let the operator (admin secret or page token) or a user with a valid JWT through."""
     if not config.cron_secret and not config.jwt_secret:
         raise _not_configured(
             "neither THUMBQ_CRON_SECRET nor THUMBQ_JWT_SECRET is set, so progress is not readable"
         )
     token = bearer_token()
-    if config.cron_secret and secret_matches(token, config.cron_secret):
+    if operator_may_read(token, config):
         return ADMIN
+    if config.cron_secret and is_page_token(token):
+        if page_token_expired(token, config.cron_secret):
+            raise _unauthorized(
+                "this page link has expired: open the link a new `thumbq up` prints, or enter "
+                "the admin secret"
+            )
+        raise _unauthorized("the page token is not valid for this server's admin secret")
     if not config.jwt_secret:
         raise _unauthorized("the bearer token is not the admin secret")
     known = VERIFIED.get(token, config.jwt_secret)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from api.auth import MAX_TOKEN_LENGTH, VERIFIED, secret_matches
+from api.auth import MAX_TOKEN_LENGTH, VERIFIED, operator_may_read
 from api.cache import MISS
 from api.validation import GROUP_ID_RE
 
@@ -68,7 +68,7 @@ class ProgressFastPath:
         if scheme.lower() != "bearer" or not token or len(token) > MAX_TOKEN_LENGTH:
             return None
         config = self.state.config
-        if config.cron_secret and secret_matches(token, config.cron_secret):
+        if operator_may_read(token, config):
             pass
         elif config.jwt_secret:
             # A token the route verified before and that has not expired since, whose claims RLS

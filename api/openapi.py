@@ -26,6 +26,7 @@ ERROR_CODES = [
     "invalid_group_id",
     "invalid_job_id",
     "unauthorized",
+    "forbidden",
     "not_found",
     "group_not_found",
     "job_not_found",
@@ -314,6 +315,30 @@ SCHEMAS: dict[str, Any] = {
             }
         },
     },
+    "GalleryItem": {
+        "type": "object",
+        "required": ["job_id", "source_key", "url", "width", "height"],
+        "properties": {
+            "job_id": {"type": "integer"},
+            "source_key": {"type": "string"},
+            "url": {
+                "type": "string",
+                "description": "Absolute (presigned S3) or relative to the API (local files).",
+            },
+            "content_type": {"type": ["string", "null"]},
+            "width": {"type": ["integer", "null"]},
+            "height": {"type": ["integer", "null"]},
+            "completed_at": {"type": ["string", "null"], "format": "date-time"},
+            "dominant_color": {
+                "type": ["string", "null"],
+                "description": "#rrggbb to show while the image loads, where recorded.",
+            },
+            "thumbhash": {
+                "type": ["string", "null"],
+                "description": "A ThumbHash (base64) placeholder, where recorded.",
+            },
+        },
+    },
     "QueueOverview": {
         "type": "object",
         "description": "The thumbq.queue_overview view (queue length, visible, in flight, oldest "
@@ -559,6 +584,79 @@ PATHS: dict[str, Any] = {
                 },
             ],
             op_id="getFailures",
+        )
+    },
+    "/api/thumbnails/gallery": {
+        "get": _op(
+            "A page of a group's finished thumbnails, newest job first, with URLs an <img> can "
+            "load without credentials: presigned by S3, or signed URLs of /api/thumbnails/image "
+            "for local files (valid about an hour).",
+            {
+                "200": _json(
+                    {
+                        "type": "object",
+                        "required": ["group_id", "thumbnails", "next_before"],
+                        "properties": {
+                            "group_id": {"type": "string"},
+                            "thumbnails": {"type": "array", "items": _ref("GalleryItem")},
+                            "next_before": {
+                                "type": ["integer", "null"],
+                                "description": "Pass as `before` for the next page; null at "
+                                "the end.",
+                            },
+                        },
+                    },
+                    "Finished thumbnails.",
+                ),
+                "400": _err("BadRequest"),
+                "404": _err("NotFound"),
+                **_ADMIN_ERRORS,
+            },
+            security=READER,
+            parameters=[
+                {"name": "group_id", "in": "query", "required": True, "schema": GROUP_ID_SCHEMA},
+                {
+                    "name": "limit",
+                    "in": "query",
+                    "required": False,
+                    "schema": {"type": "integer", "minimum": 1, "maximum": 200, "default": 48},
+                },
+                {
+                    "name": "before",
+                    "in": "query",
+                    "required": False,
+                    "schema": {"type": "integer", "minimum": 1},
+                    "description": "Only jobs with a smaller id (the previous page's next_before).",
+                },
+            ],
+            op_id="getGallery",
+        )
+    },
+    "/api/thumbnails/image": {
+        "get": _op(
+            "One thumbnail from local storage, for a URL the gallery signed (no other "
+            "credentials: an <img> sends none). Only keys under thumbnails/; never outside the "
+            "storage root.",
+            {
+                "200": {
+                    "description": "The image.",
+                    "content": {
+                        t: {"schema": {"type": "string", "contentMediaType": t}}
+                        for t in ("image/webp", "image/jpeg", "image/png", "image/avif")
+                    },
+                },
+                "400": _err("BadRequest"),
+                "403": _json(
+                    _ref("Error"), "A signature that is wrong or expired (code forbidden)."
+                ),
+                "404": _err("NotFound"),
+            },
+            parameters=[
+                {"name": "key", "in": "query", "required": True, "schema": KEY_SCHEMA},
+                {"name": "expires", "in": "query", "required": True, "schema": {"type": "integer"}},
+                {"name": "sig", "in": "query", "required": True, "schema": {"type": "string"}},
+            ],
+            op_id="getThumbnailImage",
         )
     },
     "/api/thumbnails/enqueue": {

@@ -13,10 +13,12 @@ exercises that path. The tests cover its fallback: supabase-js cannot load, the 
 from __future__ import annotations
 
 import json
+import math
+import time
 from functools import cache
 from importlib import resources
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 from flask import Blueprint, Response, current_app, request
 
@@ -25,12 +27,28 @@ from api.auth import require_reader
 from api.errors import ApiError, json_response
 from api.state import AppState
 from worker import db
-from worker.errors import PERMANENT_CODES
+from worker.errors import PERMANENT_CODES, InvalidKey
+from worker.signing import THUMBNAIL_URL_TTL_S, thumbnail_signature, thumbnail_signature_ok
+from worker.storage import NotFound
 
 bp = Blueprint("pages", __name__, static_folder="static", static_url_path="/progress/static")
 
 FAILURES_DEFAULT_LIMIT = 20
 FAILURES_MAX_LIMIT = 100
+GALLERY_DEFAULT_LIMIT = 48
+GALLERY_MAX_LIMIT = 200
+MAX_JOB_ID = 2**63 - 1
+# Signed thumbnail URLs expire on a 15-minute grid, so that the gallery's refreshes hand out
+# the same URLs for a while and the browser's cache keeps working.
+URL_EXPIRY_STEP_S = 900
+THUMBNAIL_PREFIX = "thumbnails/"
+IMAGE_TYPES = {
+    "webp": "image/webp",
+    "jpg": "image/jpeg",
+    "jpeg": "image/jpeg",
+    "png": "image/png",
+    "avif": "image/avif",
+}
 _CONFIG_SLOT = '<script id="thumbq-config" type="application/json">{}</script>'
 
 
@@ -78,9 +96,18 @@ def _script_json(value: Any) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def _csp(settings: dict[str, Any]) -> str:
+def _image_origin() -> str | None:
+    """Where the gallery's images come from when storage presigns its own URLs (S3)."""
+    try:
+        return _origin(_state().storage().presigned_get_url(THUMBNAIL_PREFIX + "csp", 60))
+    except Exception:  # storage misconfigured: the page still works, without the gallery
+        return None
+
+
+def _csp(settings: dict[str, Any], image_origin: str | None = None) -> str:
     scripts = ["'self'"]
     connect = ["'self'"]
+    images = ["'self'", "data:"] + ([image_origin] if image_origin else [])
     if js := _origin(settings.get("supabase_js_url")):
         scripts.append(js)
         connect.append(js)
@@ -93,7 +120,7 @@ def _csp(settings: dict[str, Any]) -> str:
             f"script-src {' '.join(scripts)}",
             f"connect-src {' '.join(connect)}",
             "style-src 'self'",
-            "img-src 'self' data:",
+            f"img-src {' '.join(images)}",
             "base-uri 'none'",
             "form-action 'self'",
             "frame-ancestors 'none'",
@@ -111,7 +138,7 @@ def progress_page() -> Response:
         html,
         mimetype="text/html",
         headers={
-            "Content-Security-Policy": _csp(settings),
+            "Content-Security-Policy": _csp(settings, _image_origin()),
             "X-Content-Type-Options": "nosniff",
             "Referrer-Policy": "no-referrer",
             "Cache-Control": "no-cache",
@@ -119,21 +146,19 @@ def progress_page() -> Response:
     )
 
 
-def _limit() -> int:
-    raw = request.args.get("limit")
+def _int_arg(name: str, default: int, hi: int) -> int:
+    raw = request.args.get(name)
     if raw is None or raw == "":
-        return FAILURES_DEFAULT_LIMIT
+        return default
     # ASCII digits only and few of them: int() refuses superscripts that isdigit() accepts,
     # and raises past 4 300 digits.
-    if (
-        not (raw.isascii() and raw.isdigit())
-        or len(raw) > 9
-        or not 1 <= int(raw) <= FAILURES_MAX_LIMIT
-    ):
-        raise ApiError(
-            400, "invalid_request", f"limit must be an integer from 1 to {FAILURES_MAX_LIMIT}"
-        )
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 19 or not 1 <= int(raw) <= hi:
+        raise ApiError(400, "invalid_request", f"{name} must be an integer from 1 to {hi}")
     return int(raw)
+
+
+def _limit() -> int:
+    return _int_arg("limit", FAILURES_DEFAULT_LIMIT, FAILURES_MAX_LIMIT)
 
 
 @bp.get("/api/thumbnails/failures")
@@ -159,4 +184,112 @@ def failures() -> Response:
         {"group_id": group_id, "failures": failures},
         200,
         {"Cache-Control": "no-cache", "Vary": "Authorization"},
+    )
+
+
+def _signing_secret() -> str | None:
+    config = _state().config
+    return config.cron_secret or config.jwt_secret
+
+
+def _thumbnail_url(key: str, expires: int) -> str:
+    secret = _signing_secret()
+    assert secret is not None  # require_reader refused the request otherwise
+    return "/api/thumbnails/image?" + urlencode(
+        {"key": key, "expires": expires, "sig": thumbnail_signature(secret, key, expires)}
+    )
+
+
+@bp.get("/api/thumbnails/gallery")
+def gallery() -> Response:
+    """A page of a group's finished thumbnails (newest job first) with URLs an <img> can load:
+    presigned by S3, or signed for /api/thumbnails/image with local files."""
+    st = _state()
+    who = require_reader(st.config)
+    group_id = v.query_group_id()
+    limit = _int_arg("limit", GALLERY_DEFAULT_LIMIT, GALLERY_MAX_LIMIT)
+    before = _int_arg("before", MAX_JOB_ID, MAX_JOB_ID)
+    params = {"group_id": group_id, "limit": limit, "before": before}
+    with st.connection() as conn, conn.transaction():
+        if not who.is_admin:
+            db.one(conn, "act_as_user", {"claims": json.dumps(who.claims)})
+        group = db.one(conn, "progress", {"group_id": group_id})
+        rows = db.run(conn, "finished_of_group", params) if group else []
+    if group is None:
+        raise ApiError(404, "group_not_found", f"no group {group_id!r}")
+    storage = st.storage() if rows else None
+    expires = math.ceil((time.time() + THUMBNAIL_URL_TTL_S) / URL_EXPIRY_STEP_S) * URL_EXPIRY_STEP_S
+    items = []
+    for r in rows:
+        assert storage is not None
+        url = storage.presigned_get_url(r["thumbnail_key"], THUMBNAIL_URL_TTL_S)
+        items.append(
+            {
+                "job_id": r["id"],
+                "source_key": r["source_key"],
+                "url": url or _thumbnail_url(r["thumbnail_key"], expires),
+                "content_type": r["thumbnail_content_type"],
+                "width": r["width"],
+                "height": r["height"],
+                "completed_at": r["completed_at"],
+                # Placeholders while the image loads, where the jobs carry them.
+                "dominant_color": r["dominant_color"],
+                "thumbhash": r["thumbhash"],
+            }
+        )
+    return json_response(
+        {
+            "group_id": group_id,
+            "thumbnails": items,
+            "next_before": rows[-1]["id"] if len(rows) == limit else None,
+        },
+        200,
+        {"Cache-Control": "no-store", "Vary": "Authorization"},
+    )
+
+
+def _forbidden() -> ApiError:
+    return ApiError(
+        403, "forbidden", "this thumbnail link is not valid or has expired; reload the page"
+    )
+
+
+@bp.get("/api/thumbnails/image")
+def thumbnail_image() -> Response:
+    """One thumbnail from local storage, for a URL the gallery signed. Only keys under
+    thumbnails/ with an image extension, and storage refuses any key that would leave its
+    root (`..`, absolute paths, symlinks out), signature or not."""
+    key = request.args.get("key", "")
+    raw_expires = request.args.get("expires", "")
+    signature = request.args.get("sig", "")
+    secret = _signing_secret()
+    ext = key.rsplit(".", 1)[-1].lower() if "." in key else ""
+    if (
+        secret is None
+        or not key.startswith(THUMBNAIL_PREFIX)
+        or ext not in IMAGE_TYPES
+        or not (raw_expires.isascii() and raw_expires.isdigit() and len(raw_expires) <= 12)
+    ):
+        raise _forbidden()
+    v.object_key(key, "key")
+    expires = int(raw_expires)
+    if not thumbnail_signature_ok(secret, key, expires, signature):
+        raise _forbidden()
+    st = _state()
+    try:
+        data, _info = st.storage().get(key, max_bytes=st.config.max_bytes)
+    except NotFound:
+        raise ApiError(404, "not_found", "this thumbnail no longer exists") from None
+    except InvalidKey as exc:
+        raise ApiError(400, "invalid_key", f"key: {exc}") from None
+    max_age = max(0, min(expires - int(time.time()), THUMBNAIL_URL_TTL_S))
+    return Response(
+        data,
+        200,
+        mimetype=IMAGE_TYPES[ext],
+        headers={
+            "Cache-Control": f"private, max-age={max_age}",
+            "X-Content-Type-Options": "nosniff",
+            "Content-Security-Policy": "default-src 'none'; sandbox",
+        },
     )

@@ -26,7 +26,7 @@ from worker.storage import open_storage
 SECRET = "progress-page-secret-0123456789"
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
-# THUMBQ_UPDATE_SCREENSHOT=1 copies the final state of the page here, for the README.
+# THUMBQ_UPDATE_SCREENSHOT=1 copies the page that `thumbq up`'s link opens here, for the README.
 SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "progress.png"
 # A file whose key looks like markup: the page must show it as text.
 HOSTILE_KEY = "uploads/<img src=x onerror=window.pwned=1>.jpg"
@@ -210,9 +210,6 @@ def test_progress_page_follows_batches_to_100_percent_and_lists_failures(
         time.sleep(0.5)  # the bar's width transition
         shot = tmp_path / "progress.png"
         assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
-        # The README's picture is refreshed on request only: a test run leaves the tree clean.
-        if os.environ.get("THUMBQ_UPDATE_SCREENSHOT") == "1":
-            shutil.copyfile(shot, SCREENSHOT)
     finally:
         stop.set()
         server.close()
@@ -447,3 +444,91 @@ def test_progress_page_shows_each_outcome_wraps_names_between_parts_and_promises
     finally:
         server.close()
         app.extensions["thumbq"].close()
+
+
+def test_the_link_thumbq_up_prints_opens_the_page_signed_in_read_only_with_a_gallery(
+    browser: Any, tmp_path: Path, db_url: str
+) -> None:
+    # Regression (issue 10): `thumbq up` printed a link that asked for a key, and the admin
+    # secret beside it. Now the link carries a read-only page token in its fragment, and the
+    # page shows the finished thumbnails, a page at a time as the grid scrolls.
+    import re
+
+    from selenium.webdriver.common.by import By
+
+    from tests.clirun import thumbq_running, user_env
+
+    home = tmp_path / "home"
+    storage_url = (tmp_path / "storage").as_uri()
+    config = Config.from_env(
+        {"THUMBQ_HOME": str(home), "DATABASE_URL": db_url, "THUMBQ_STORAGE_URL": storage_url}
+    )
+    storage = open_storage(config)
+    items = put_samples(storage, "talks/", good=56, broken=1)
+    with db.connect(db_url) as conn:
+        enqueue(conn, storage, config, items, "conference-2026")
+    env = user_env(
+        tmp_path,
+        DATABASE_URL=db_url,
+        THUMBQ_HOME=str(home),
+        THUMBQ_STORAGE_URL=storage_url,
+        THUMBQ_CONCURRENCY="2",
+    )
+    with thumbq_running("up", "--port", "0", env=env, ready="Press Ctrl-C") as up:
+        output = "\n".join(up.out)
+        secret = (home / "cron_secret").read_text().strip()
+        assert secret not in output + "\n".join(up.err)
+        link = re.search(r"progress page: (\S+)", output)
+        assert link, output
+        url = link.group(1)
+        assert "/progress?group_id=conference-2026#key=tqp.1." in url
+
+        browser.set_window_size(1000, 900)
+        browser.get(url)
+        wait_until(lambda: browser.find_element(By.ID, "percent").text == "100%", 60)
+        assert browser.execute_script("return location.hash") == ""
+        kept = browser.execute_script("return sessionStorage.getItem('thumbq.key')")
+        assert kept.startswith("tqp.1.") and secret not in kept
+        assert not browser.find_element(By.ID, "key-form").is_displayed()
+
+        # The gallery: the first page of 48, then the rest as its end scrolls into view.
+        wait_until(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#grid li")) == 48, 15)
+        browser.execute_script("document.getElementById('grid-more').scrollIntoView()")
+        wait_until(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#grid li")) == 56, 15)
+        browser.execute_script("window.scrollTo(0, 0)")
+        loaded = wait_until(
+            lambda: browser.execute_script(
+                "return [...document.querySelectorAll('#grid img')].slice(0, 6)"
+                ".every(i => i.complete && i.naturalWidth > 0)"
+            ),
+            15,
+        )
+        assert loaded
+        names = [e.get_attribute("title") for e in browser.find_elements(By.CSS_SELECTOR, ".name")]
+        assert len(set(names)) == 56 and all(n.startswith("talks/") for n in names)
+
+        wait_until(
+            lambda: len(browser.find_elements(By.CSS_SELECTOR, "#failures-body tr")) == 1, 10
+        )
+        browser.set_window_size(1000, 1100)
+        time.sleep(1.0)  # the bar's transition, and the images in view
+        shot = tmp_path / "progress.png"
+        assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+        # The README's picture is refreshed on request only: a test run leaves the tree clean.
+        if os.environ.get("THUMBQ_UPDATE_SCREENSHOT") == "1":
+            shutil.copyfile(shot, SCREENSHOT)
+
+        # Read-only: retrying needs the admin secret, which the link does not carry.
+        browser.find_element(By.ID, "retry").click()
+        wait_until(lambda: browser.find_element(By.ID, "key-form").is_displayed(), 10)
+        assert "admin secret" in browser.find_element(By.ID, "message").text
+        browser.find_element(By.ID, "key-input").send_keys(secret)
+        browser.find_element(By.CSS_SELECTOR, "#key-form button").click()
+        wait_until(lambda: not browser.find_element(By.ID, "key-form").is_displayed(), 10)
+        browser.find_element(By.ID, "retry").click()
+        wait_until(
+            lambda: browser.find_element(By.ID, "retry-result").text == "1 job(s) queued again.",
+            10,
+        )
+        wait_until(lambda: browser.find_element(By.ID, "count-pending").text == "1", 10)
+    assert up.proc.returncode == 0, "\n".join(up.err[-20:])

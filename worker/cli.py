@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from worker import db
 from worker.config import Config, ConfigError
 from worker.queue import Queue
+from worker.signing import PAGE_TOKEN_TTL_S
 
 if TYPE_CHECKING:
     from worker.serving import ServerThread
@@ -466,6 +467,18 @@ def cmd_scheduler(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def page_link(api_url: str, secret: str, latest: Sequence[dict[str, Any]] = ()) -> str:
+    """The progress page of the latest group (or its group form), signed in for reading with a
+    page token in the fragment: browsers never send a fragment, and the page moves it out of
+    the address bar at once."""
+    from urllib.parse import quote
+
+    from worker.signing import page_token
+
+    query = f"?group_id={quote(latest[0]['group_id'], safe='')}" if latest else ""
+    return f"{api_url}/progress{query}#key={page_token(secret)}"
+
+
 def cmd_up(config: Config, args: argparse.Namespace) -> int:
     from api import create_app
     from worker.scheduler import Scheduler
@@ -491,17 +504,21 @@ def cmd_up(config: Config, args: argparse.Namespace) -> int:
     if server is None:
         return 1
     sched = Scheduler(config, api_url=server.url)
-    group = latest[0]["group_id"] if latest else "<group>"
     print("thumbq up", file=out)
     print(f"  database:      {where}", file=out)
     if schema["applied"]:
         print(f"  schema:        applied {', '.join(schema['applied'])}", file=out)
     print(f"  API:           {server.url}", file=out)
-    print(f"  progress page: {server.url}/progress?group_id={group}", file=out)
+    print(f"  progress page: {page_link(server.url, secret, latest)}", file=out)
+    print(
+        f"                 (opens signed in, read-only, for {PAGE_TOKEN_TTL_S // 3600} h;"
+        " the admin secret is not in the link)",
+        file=out,
+    )
     if secret_from is None:
         print("  admin secret:  from THUMBQ_CRON_SECRET", file=out)
     else:
-        print(f"  admin secret:  {secret}  (kept in {secret_from})", file=out)
+        print(f"  admin secret:  kept in {secret_from} (mode 0600)", file=out)
     print(f"  schedule:      {config.schedule} (UTC), and a first batch at start", file=out)
     print("Press Ctrl-C to stop.", file=out, flush=True)
     sched.start(run_now=True)

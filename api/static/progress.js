@@ -239,6 +239,7 @@
       render(p);
       modeForPolling();
       refreshFailures(p);
+      refreshGallery(p);
       return schedule(nextDelay());
     }
     if (resp.status === 401 || resp.status === 403) {
@@ -334,6 +335,161 @@
     poll();
   }
 
+  // -- the gallery of finished thumbnails ------------------------------------------------------
+  // A page of the newest finished jobs first; more as the bottom of the grid scrolls into view
+  // (IntersectionObserver), and each <img> itself loads lazily. The URLs come from the API:
+  // presigned by S3, or signed for /api/thumbnails/image with local files (an <img> cannot
+  // send the Authorization header). While work runs, the loaded pages are refreshed at most
+  // every GALLERY_REFRESH_MS, and figures already shown are kept, so images do not reload.
+
+  const GALLERY_PAGE = 48;
+  const GALLERY_REFRESH_MS = 3000;
+  const COLOR_RE = /^#[0-9a-fA-F]{6}$/;
+  const gallery = {
+    pages: 1,
+    nextBefore: null,
+    sig: null,
+    lastFetch: 0,
+    timer: null,
+    busy: false,
+    figures: new Map(), // job id -> <li>
+  };
+
+  async function fetchGalleryPage(before) {
+    const resp = await fetch(
+      apiBase +
+        "/api/thumbnails/gallery?group_id=" +
+        encodeURIComponent(groupId) +
+        "&limit=" +
+        GALLERY_PAGE +
+        (before ? "&before=" + before : ""),
+      { headers: { Accept: "application/json", ...authHeaders() }, cache: "no-store" }
+    );
+    if (!resp.ok) throw new Error("gallery: " + resp.status);
+    return resp.json();
+  }
+
+  function galleryItem(item) {
+    const li = document.createElement("li");
+    li.dataset.job = String(item.job_id);
+    const frame = document.createElement("div");
+    frame.className = "frame";
+    // Placeholder while the image loads: the dominant colour where the job records one.
+    // (A ThumbHash, `item.thumbhash`, could be decoded into a blurred preview here.)
+    if (COLOR_RE.test(String(item.dominant_color || ""))) {
+      frame.style.backgroundColor = item.dominant_color;
+    }
+    const img = document.createElement("img");
+    img.loading = "lazy";
+    img.decoding = "async";
+    img.alt = item.source_key;
+    if (item.width && item.height) {
+      img.width = item.width;
+      img.height = item.height;
+    }
+    img.addEventListener("error", () => {
+      // Most likely an expired URL: the next refresh hands out a fresh one.
+      li.dataset.failed = "1";
+      gallery.sig = null;
+    });
+    setImageUrl(img, item.url);
+    frame.append(img);
+    const name = document.createElement("div");
+    name.className = "name";
+    name.title = item.source_key;
+    name.textContent = String(item.source_key).split("/").pop();
+    li.append(frame, name);
+    return li;
+  }
+
+  function setImageUrl(img, url) {
+    img.src = String(url).startsWith("/") ? apiBase + url : url;
+  }
+
+  function mergeGallery(items) {
+    const grid = $("grid");
+    for (const item of items) {
+      const known = gallery.figures.get(item.job_id);
+      if (known) {
+        if (known.dataset.failed) {
+          delete known.dataset.failed;
+          setImageUrl(known.querySelector("img"), item.url);
+        }
+        continue;
+      }
+      const li = galleryItem(item);
+      gallery.figures.set(item.job_id, li);
+      // Newest job first: before the first figure with a smaller id.
+      const after = [...grid.children].find((c) => Number(c.dataset.job) < item.job_id);
+      grid.insertBefore(li, after || null);
+    }
+    $("gallery").hidden = gallery.figures.size === 0;
+    $("gallery-count").textContent =
+      gallery.figures.size + (gallery.nextBefore ? "+" : "") + " finished";
+  }
+
+  async function loadGallery() {
+    // The pages loaded so far, from the top: new figures may land anywhere in id order.
+    if (gallery.busy) return;
+    gallery.busy = true;
+    gallery.lastFetch = Date.now();
+    try {
+      let before = null;
+      for (let page = 0; page < gallery.pages; page++) {
+        const body = await fetchGalleryPage(before);
+        gallery.nextBefore = body.next_before;
+        mergeGallery(body.thumbnails || []);
+        before = body.next_before;
+        if (!before) break;
+      }
+    } catch (e) {
+      gallery.sig = null; // try again with the next progress answer
+    } finally {
+      gallery.busy = false;
+    }
+    $("grid-more").hidden = !gallery.nextBefore;
+  }
+
+  function refreshGallery(p) {
+    const sig = [p.completed, p.total].join(",");
+    if (sig === gallery.sig) return;
+    gallery.sig = sig;
+    clearTimeout(gallery.timer);
+    const wait = Math.max(0, gallery.lastFetch + GALLERY_REFRESH_MS - Date.now());
+    gallery.timer = setTimeout(loadGallery, wait);
+  }
+
+  async function loadMoreGallery() {
+    if (gallery.busy || !gallery.nextBefore) return;
+    gallery.busy = true;
+    try {
+      const body = await fetchGalleryPage(gallery.nextBefore);
+      gallery.pages += 1;
+      gallery.nextBefore = body.next_before;
+      mergeGallery(body.thumbnails || []);
+    } catch (e) {
+      return; // the next scroll or refresh tries again
+    } finally {
+      gallery.busy = false;
+    }
+    const more = $("grid-more");
+    more.hidden = !gallery.nextBefore;
+    // Still in view after a short page: the observer sees no new crossing, so keep going.
+    if (!more.hidden && more.getBoundingClientRect().top < window.innerHeight + 400) {
+      loadMoreGallery();
+    }
+  }
+
+  function watchGalleryEnd() {
+    if (!("IntersectionObserver" in window)) return;
+    new IntersectionObserver(
+      (entries) => {
+        if (entries.some((e) => e.isIntersecting)) loadMoreGallery();
+      },
+      { rootMargin: "400px" }
+    ).observe($("grid-more"));
+  }
+
   // -- Supabase Realtime (optional) ---------------------------------------------------------
 
   async function startRealtime() {
@@ -417,6 +573,7 @@
     }
     $("group-id").textContent = groupId;
     $("retry").addEventListener("click", retryFailed);
+    watchGalleryEnd();
     // Relative times ("12 s ago") age between answers too.
     setInterval(() => {
       if (state.last && state.last.updated_at) {

@@ -62,6 +62,11 @@ class Storage(Protocol):
         """Every object whose key starts with `prefix`, in key order."""
         ...
 
+    def presigned_get_url(self, key: str, expires_s: int) -> str | None:
+        """A URL anyone may GET `key` from for `expires_s` seconds, or None when this storage
+        has no URLs of its own (local files: the API serves them)."""
+        ...
+
 
 def open_storage(config: Config) -> Storage:
     """The storage named by `config.storage_url` (`file:///abs/dir` or `s3://bucket[/prefix]`)."""

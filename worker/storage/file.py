@@ -199,6 +199,10 @@ class FileStorage:
             return False
         return True
 
+    def presigned_get_url(self, key: str, expires_s: int) -> None:
+        """None: local files have no URL of their own; the API serves them (signed URLs)."""
+        return None
+
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """Every file whose key starts with `prefix`, sorted by key as S3 sorts them.
 

@@ -239,6 +239,17 @@ class S3Storage:
             return False
         return True
 
+    def presigned_get_url(self, key: str, expires_s: int) -> str:
+        """A presigned GET URL for `key`, valid `expires_s` seconds (signed here, no request)."""
+        validate_key(key)
+        return str(
+            self.client.generate_presigned_url(
+                "get_object",
+                Params={"Bucket": self.bucket, "Key": self.prefix + key},
+                ExpiresIn=expires_s,
+            )
+        )
+
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """Every object under `prefix` in key order, 1000 per request, with the storage prefix
         stripped; folder markers (keys ending in '/') and keys thumbq cannot use are skipped.

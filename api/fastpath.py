@@ -5,8 +5,9 @@ credentials: the admin secret, or the user's access token. When the answer for t
 caller is already in the progress cache, building a Flask request context, routing and a
 werkzeug Response cost about 80 us per poll here, many times the work of the answer itself
 (bench/load.py). This WSGI middleware answers those polls directly, with the same bytes and
-headers the route would send. A user's poll qualifies only with a token the route has verified
-and that has not expired (api.auth.VERIFIED), whose claims RLS let see the group within
+headers the route would send. Who the caller is comes from the route's own Authenticator
+(api/auth.py), asked for tokens it has already verified: a user's poll qualifies only with a
+token the route has verified and that has not expired, whose claims RLS let see the group within
 THUMBQ_ACCESS_CACHE_MS. Everything else goes to Flask untouched: other paths and methods, unknown or
 expired tokens, wrong secrets (the route's 401), anything unusual in the query string, and
 misses (the route reads the database and fills the cache).
@@ -17,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from api.auth import MAX_TOKEN_LENGTH, VERIFIED, operator_may_read
+from api.auth import MAX_TOKEN_LENGTH
 from api.cache import MISS
 from api.validation import GROUP_ID_RE
 
@@ -67,16 +68,15 @@ class ProgressFastPath:
         token = token.strip()
         if scheme.lower() != "bearer" or not token or len(token) > MAX_TOKEN_LENGTH:
             return None
-        config = self.state.config
-        if operator_may_read(token, config):
-            pass
-        elif config.jwt_secret:
-            # A token the route verified before and that has not expired since, whose claims RLS
-            # let see this group within the access cache's time.
-            who = VERIFIED.get(token, config.jwt_secret)
-            if who is None or self.state.access_cache.peek((group_id, who.claims_json)) is not True:
-                return None  # unknown token, or no fresh "may see" from RLS: the route decides
-        else:
-            return None
+        # The admin, or a token the route verified before and that has not expired since,
+        # whose claims RLS let see this group within the access cache's time.
+        who = self.state.auth.reader(token, cached_only=True)
+        if who is None:
+            return None  # unknown token: the route decides
+        if (
+            not who.is_admin
+            and self.state.access_cache.peek((group_id, who.claims_json)) is not True
+        ):
+            return None  # no fresh "may see" from RLS: the route reads it
         answer = self.state.progress_cache.peek((group_id, None))
         return None if answer is MISS else answer

@@ -166,7 +166,7 @@ def failures() -> Response:
     """A group's files without a thumbnail and why: failed, unsupported, missing from storage,
     or retrying after an error; newest first."""
     st = _state()
-    who = require_reader(st.config)
+    who = require_reader(st.auth)
     group_id = v.query_group_id()
     limit = _limit()
     params = {"group_id": group_id, "limit": limit}
@@ -205,7 +205,7 @@ def gallery() -> Response:
     """A page of a group's finished thumbnails (newest job first) with URLs an <img> can load:
     presigned by S3, or signed for /api/thumbnails/image with local files."""
     st = _state()
-    who = require_reader(st.config)
+    who = require_reader(st.auth)
     group_id = v.query_group_id()
     limit = _int_arg("limit", GALLERY_DEFAULT_LIMIT, GALLERY_MAX_LIMIT)
     before = _int_arg("before", MAX_JOB_ID, MAX_JOB_ID)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from psycopg.rows import dict_row
 
+from api.auth import Authenticator
 from api.cache import TimedCache
 from worker import db
 
@@ -42,6 +43,8 @@ class AppState:
         self.db_timeout_s = db_timeout_s
         self.pooled = pooled
         self.batch_lock = threading.Lock()
+        # Who a reader's token is (admin secret, HS256 or JWKS-signed JWT), with its caches.
+        self.auth = Authenticator(config)
         # A group's progress answer, for everyone allowed to see it.
         self.progress_cache = TimedCache(config.progress_cache_ms / 1000)
         # Whether a user (by verified claims) may see a group, as RLS decided.

@@ -110,7 +110,7 @@ class ProgressAnswer:
 def progress() -> Response:
     """Counts, percentage, ETA and when to poll again; 304 while nothing changed."""
     st = state()
-    who = require_reader(st.config)
+    who = require_reader(st.auth)
     group_id = v.query_group_id()
     claims = who.claims_json
 

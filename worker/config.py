@@ -6,6 +6,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from urllib.parse import urlsplit
 
 # The memory of a serverless function (Netlify's limit, Vercel's default). The render processes
 # share what the worker leaves of it; the reserve holds Python with psycopg (about 100 MB), the
@@ -75,6 +76,9 @@ class Config:
     schedule: str = "*/5 * * * *"
     supabase_url: str | None = None
     supabase_anon_key: str | None = None
+    # Where the project's JWT signing keys are published (THUMBQ_JWKS_URL, else derived from
+    # SUPABASE_URL); None: only the HS256 secret verifies user tokens.
+    jwks_url: str | None = None
     # Where the progress page loads supabase-js (an ES module) from, when Realtime is configured.
     supabase_js_url: str = "https://esm.sh/@supabase/supabase-js@2"
 
@@ -107,6 +111,13 @@ class Config:
             fmt = "jpeg"
         if fmt not in ("webp", "jpeg"):
             raise ConfigError(f"THUMBQ_THUMB_FORMAT must be webp or jpeg, got {fmt!r}")
+        supabase_url = _str(env, "SUPABASE_URL")
+        jwks_url = _str(env, "THUMBQ_JWKS_URL")
+        if jwks_url is None and supabase_url:
+            jwks_url = supabase_url.rstrip("/") + "/auth/v1/.well-known/jwks.json"
+        if jwks_url is not None and urlsplit(jwks_url).scheme not in ("https", "http"):
+            name = "THUMBQ_JWKS_URL" if env.get("THUMBQ_JWKS_URL") else "SUPABASE_URL"
+            raise ConfigError(f"{name} must be an http(s) URL, got {jwks_url!r}")
         return cls(
             home=home,
             database_url=_str(env, "DATABASE_URL"),
@@ -138,7 +149,8 @@ class Config:
             access_cache_ms=_int(env, "THUMBQ_ACCESS_CACHE_MS", 30_000, lo=0, hi=3_600_000),
             api_url=(env.get("THUMBQ_API_URL") or "http://127.0.0.1:8000").rstrip("/"),
             schedule=env.get("THUMBQ_SCHEDULE") or "*/5 * * * *",
-            supabase_url=_str(env, "SUPABASE_URL"),
+            supabase_url=supabase_url,
+            jwks_url=jwks_url,
             supabase_anon_key=_str(env, "SUPABASE_ANON_KEY"),
             supabase_js_url=env.get("THUMBQ_SUPABASE_JS_URL")
             or "https://esm.sh/@supabase/supabase-js@2",

@@ -525,7 +525,7 @@ def text_declared_pdf() -> bytes:
 
 
 def svg_image() -> bytes:
-    """An SVG drawing (vector XML), which thumbq does not render."""
+    """An SVG drawing (vector XML), rendered by resvg."""
     return (
         b'<?xml version="1.0" encoding="UTF-8"?>\n'
         b'<svg xmlns="http://www.w3.org/2000/svg" width="200" height="100">'
@@ -605,7 +605,7 @@ CORPUS: dict[str, Sample] = {
             note="transient: retried until max_attempts, then dead-lettered",
         ),
         _sample("text_declared_pdf", text_declared_pdf, "application/pdf", "unsupported_type"),
-        _sample("svg_image", svg_image, "image/svg+xml", "unsupported_type"),
+        _sample("svg_image", svg_image, "image/svg+xml"),
         _sample("zip_archive", zip_archive, "application/octet-stream", "unsupported_type"),
         _sample("png_bomb", png_bomb, "image/png", "too_large"),
         _sample("corrupt_jpeg", corrupt_jpeg, "image/jpeg", "corrupt_input"),

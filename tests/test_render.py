@@ -330,7 +330,7 @@ def test_a_memory_hog_is_refused_as_too_large_and_the_pool_survives() -> None:
 
 
 def test_errors_in_the_child_come_back_with_their_code_and_message(pool: RenderPool) -> None:
-    for name in ("corrupt_jpeg", "encrypted_pdf", "png_bomb", "svg_image", "empty_file"):
+    for name in ("corrupt_jpeg", "encrypted_pdf", "png_bomb", "zip_archive", "empty_file"):
         sample = CORPUS[name]
         in_process = render_error(sample.data, sample.declared_type)
         with pytest.raises(ThumbqError) as info:

@@ -27,6 +27,7 @@ from worker.retry import classify
 
 if TYPE_CHECKING:
     from worker.config import Config
+    from worker.render import Thumbnail
     from worker.render.process import RenderPool
     from worker.storage import Storage
 
@@ -43,6 +44,10 @@ FLUSH_EVERY_S = 0.25
 # the invocation's working time; one that merely started late is released and goes first next
 # time, where it gets a whole window.
 FAIR_SHARE = 0.5
+# A render still running after this share of its window is stopped, and a cheaper (degraded) one
+# gets the rest, rather than the item failing `render_timeout` (items that started late get no
+# such fallback: they are released and get a whole window next time).
+DEGRADE_AT = 0.75
 # A database call still unanswered this long after the deadline (and at least at the end of the
 # budget) has its connection cut: a stalled server or a dropped network never answers, and a
 # cancel request would need the stuck backend to act on it.
@@ -212,28 +217,35 @@ class _Run:
                 self._count("skipped")
                 return
             size_cls = size_class(info.size)
+            timeout_s = self.budget.remaining_ms() / 1000
+            fair = timeout_s * 1000 >= FAIR_SHARE * self.budget.work_ms
             thumb = self.pool.render(
                 data,
                 job.content_type or info.content_type,
-                timeout_s=self.budget.remaining_ms() / 1000,
+                timeout_s=timeout_s,
+                degrade_after_s=timeout_s * DEGRADE_AT if fair else None,
             )
-            key = thumbnail_key(
-                job.source_key, info.etag, self.config.thumb_size, self.config.thumb_ext
-            )
-            self.storage.put(key, thumb.data, thumb.content_type)
+            keys = self._store(job.source_key, info.etag, thumb)
             ms = (time.monotonic() - started) * 1000
-            self.predictor.observe(kind, size_cls, ms)
+            if not thumb.degraded:
+                # A degraded render says how long the cheap path took, not the real one.
+                self.predictor.observe(kind, size_cls, ms)
+            largest = str(max(keys, key=int))
             self._done(
                 {
                     "job_id": job.id,
                     "msg_id": job.msg_id,
-                    "thumbnail_key": key,
+                    "thumbnail_key": keys[largest],
                     "thumbnail_content_type": thumb.content_type,
                     "width": thumb.width,
                     "height": thumb.height,
                     "bytes": len(thumb.data),
                     "duration_ms": round(ms),
                     "source_type": thumb.source_type,
+                    "thumbnails": keys,
+                    "thumbhash": thumb.thumbhash,
+                    "dominant_color": thumb.dominant_color,
+                    "degraded": thumb.degraded,
                 }
             )
         except Exception as exc:  # every failure is classified and recorded, none escapes
@@ -241,6 +253,20 @@ class _Run:
         finally:
             with self.lock:
                 self.in_flight -= 1
+
+    def _store(self, source_key: str, etag: str, thumb: Thumbnail) -> dict[str, str]:
+        """Write every rendition under its own key; returns {"<size>": key}."""
+        keys: dict[str, str] = {}
+        renditions = thumb.renditions or ()
+        if not renditions:
+            from worker.render import Rendition
+
+            renditions = (Rendition(self.config.thumb_size, thumb.data, thumb.width, thumb.height),)
+        for rendition in renditions:
+            key = thumbnail_key(source_key, etag, rendition.size, self.config.thumb_ext)
+            self.storage.put(key, rendition.data, thumb.content_type)
+            keys[str(rendition.size)] = key
+        return keys
 
     def _failed(self, job: ClaimedJob, exc: Exception, window_ms: float) -> None:
         failure = classify(exc)
@@ -435,8 +461,11 @@ def render_options(config: Config) -> Any:
     """The renderer's options from the configuration."""
     from worker.render import RenderOptions
 
+    sizes = config.all_thumb_sizes
     return RenderOptions(
-        size=config.thumb_size,
+        size=max(sizes),
+        sizes=sizes,
+        soffice=config.soffice,
         format=config.thumb_format,
         pdf_page=config.pdf_page,
         max_pixels=config.max_pixels,

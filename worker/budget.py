@@ -9,9 +9,29 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # What an item costs before anything was observed (fetch + render + upload), in ms.
-PRIOR_MS = {"pdf": 400.0, "image": 300.0, "other": 50.0}
+# An office document's first conversion includes LibreOffice's start (1-2 s).
+PRIOR_MS = {"pdf": 400.0, "image": 300.0, "video": 400.0, "office": 1500.0, "other": 50.0}
+# What a typical item of an unknown mix costs, before anything was observed (the slowest of the
+# common kinds; office documents are rarer and learnt once seen).
+TYPICAL_PRIOR_MS = 400.0
 PDF_TYPES = ("application/pdf",)
-IMAGE_EXT = (".jpg", ".jpeg", ".png", ".gif", ".webp", ".tif", ".tiff", ".bmp")
+IMAGE_EXT = (
+    ".jpg",
+    ".jpeg",
+    ".png",
+    ".gif",
+    ".webp",
+    ".tif",
+    ".tiff",
+    ".bmp",
+    ".heic",
+    ".heif",
+    ".avif",
+    ".psd",
+    ".svg",
+)
+VIDEO_EXT = (".mp4", ".m4v", ".mov", ".webm", ".mkv")
+OFFICE_EXT = (".pptx", ".docx", ".xlsx", ".odp", ".odt", ".ods")
 
 
 class Budget:
@@ -48,6 +68,10 @@ def kind_of(content_type: str | None, key: str) -> str:
         return "pdf"
     if ct.startswith("image/") or low.endswith(IMAGE_EXT):
         return "image"
+    if ct.startswith("video/") or low.endswith(VIDEO_EXT):
+        return "video"
+    if "officedocument" in ct or "opendocument" in ct or low.endswith(OFFICE_EXT):
+        return "office"
     return "other"
 
 
@@ -107,7 +131,7 @@ class Predictor:
         if self.known:
             total = sum(s.samples for s in self.known.values())
             return sum(s.mean_ms * s.samples for s in self.known.values()) / max(total, 1)
-        return max(PRIOR_MS.values())
+        return TYPICAL_PRIOR_MS
 
     def start_ms(self, kind: str, size_cls: int) -> float:
         """A cautious estimate used to decide whether an item may start at all."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -38,6 +39,46 @@ def _int(env: Mapping[str, str], name: str, default: int, *, lo: int, hi: int) -
     return value
 
 
+def _sizes(env: Mapping[str, str], default: int) -> tuple[int, ...]:
+    """THUMBQ_THUMB_SIZES: comma-separated box sizes (16-4096), e.g. "128,256,512"."""
+    raw = env.get("THUMBQ_THUMB_SIZES")
+    if raw is None or raw.strip() == "":
+        return (default,)
+    sizes = set()
+    for part in raw.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            size = int(part)
+        except ValueError:
+            raise ConfigError(
+                f"THUMBQ_THUMB_SIZES must be comma-separated integers, got {raw!r}"
+            ) from None
+        if not 16 <= size <= 4096:
+            raise ConfigError(f"THUMBQ_THUMB_SIZES values must be between 16 and 4096, got {size}")
+        sizes.add(size)
+    if not sizes:
+        raise ConfigError(f"THUMBQ_THUMB_SIZES names no size: {raw!r}")
+    if len(sizes) > 8:
+        raise ConfigError("THUMBQ_THUMB_SIZES may name at most 8 sizes")
+    return tuple(sorted(sizes))
+
+
+def _soffice(env: Mapping[str, str]) -> str | None:
+    """THUMBQ_SOFFICE: LibreOffice's executable; unset finds `soffice` on PATH; "off" disables."""
+    raw = (env.get("THUMBQ_SOFFICE") or "").strip()
+    if raw.lower() in ("off", "none", "0", "false"):
+        return None
+    if raw:
+        found = shutil.which(raw, path=env.get("PATH"))
+        if found is None:
+            raise ConfigError(f"THUMBQ_SOFFICE names {raw!r}, which is not an executable")
+        return found
+    path = env.get("PATH")
+    return shutil.which("soffice", path=path) or shutil.which("libreoffice", path=path)
+
+
 def _str(env: Mapping[str, str], name: str) -> str | None:
     raw = env.get(name)
     return raw if raw else None
@@ -59,8 +100,11 @@ class Config:
     batch_size: int = 500
     concurrency: int = 2
     max_attempts: int = 3
-    thumb_size: int = 512
+    thumb_size: int = 512  # the largest of thumb_sizes
     thumb_format: str = "webp"
+    thumb_sizes: tuple[int, ...] = (512,)
+    # LibreOffice's soffice, which renders office documents; None: embedded thumbnails only.
+    soffice: str | None = None
     pdf_page: int = 1
     max_pixels: int = 80_000_000
     max_pages: int = 10_000
@@ -91,6 +135,11 @@ class Config:
     def thumb_ext(self) -> str:
         return "jpg" if self.thumb_format == "jpeg" else self.thumb_format
 
+    @property
+    def all_thumb_sizes(self) -> tuple[int, ...]:
+        """Every size to make, ascending (`thumb_sizes`, and `thumb_size` if set apart)."""
+        return tuple(sorted({*self.thumb_sizes, self.thumb_size}))
+
     def with_(self, **changes: object) -> Config:
         """A copy with some fields changed (tests, CLI flags)."""
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -109,8 +158,9 @@ class Config:
         fmt = (env.get("THUMBQ_THUMB_FORMAT") or "webp").lower()
         if fmt == "jpg":
             fmt = "jpeg"
-        if fmt not in ("webp", "jpeg"):
-            raise ConfigError(f"THUMBQ_THUMB_FORMAT must be webp or jpeg, got {fmt!r}")
+        if fmt not in ("webp", "jpeg", "avif"):
+            raise ConfigError(f"THUMBQ_THUMB_FORMAT must be webp, jpeg or avif, got {fmt!r}")
+        sizes = _sizes(env, _int(env, "THUMBQ_THUMB_SIZE", 512, lo=16, hi=4096))
         supabase_url = _str(env, "SUPABASE_URL")
         jwks_url = _str(env, "THUMBQ_JWKS_URL")
         if jwks_url is None and supabase_url:
@@ -131,8 +181,10 @@ class Config:
             batch_size=_int(env, "THUMBQ_BATCH_SIZE", 500, lo=1, hi=10_000),
             concurrency=concurrency,
             max_attempts=_int(env, "THUMBQ_MAX_ATTEMPTS", 3, lo=1, hi=100),
-            thumb_size=_int(env, "THUMBQ_THUMB_SIZE", 512, lo=16, hi=4096),
+            thumb_size=max(sizes),
             thumb_format=fmt,
+            thumb_sizes=sizes,
+            soffice=_soffice(env),
             pdf_page=_int(env, "THUMBQ_PDF_PAGE", 1, lo=1, hi=100_000),
             max_pixels=_int(env, "THUMBQ_MAX_PIXELS", 80_000_000, lo=1, hi=2_000_000_000),
             max_pages=_int(env, "THUMBQ_MAX_PAGES", 10_000, lo=1, hi=10_000_000),

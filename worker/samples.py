@@ -88,11 +88,16 @@ def demo_files() -> dict[str, tuple[bytes, str]]:
         "photos/portrait-1200x1800.jpg": (_photo(1200, 1800, 7), "image/jpeg"),
         "graphics/logo-with-alpha.png": (_png_with_alpha(), "image/png"),
         "graphics/spinner.gif": (_animated_gif(), "image/gif"),
-        # Bad on purpose: a photo cut in half, and a drawing thumbq does not render.
+        # Bad on purpose: a photo cut in half, and an archive, which has no picture to show.
         "broken/cut-off-photo.jpg": (photo[: len(photo) // 3], "image/jpeg"),
-        "broken/diagram.svg": (
-            b'<svg xmlns="http://www.w3.org/2000/svg" width="10" '
-            b'height="10"><rect width="10" height="10"/></svg>',
-            "image/svg+xml",
-        ),
+        "broken/notes.zip": (_zip_of_text(), "application/zip"),
     }
+
+
+def _zip_of_text() -> bytes:
+    import zipfile
+
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as archive:
+        archive.writestr("notes.txt", "Agenda\n- slides\n- photos\n")
+    return out.getvalue()

@@ -1,4 +1,4 @@
-"""Turn the bytes of a file into a thumbnail. Knows nothing of queues or storage.
+"""Turn the bytes of a file into thumbnails. Knows nothing of queues or storage.
 
 `render()` runs in the calling process; `RenderPool` (in `process.py`) runs it in child processes
 that are killed at a deadline or on a memory limit.
@@ -6,34 +6,70 @@ that are killed at a deadline or on a memory limit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from worker.errors import CORRUPT_INPUT, TOO_LARGE, UNSUPPORTED_TYPE, ThumbqError
-from worker.render.sniff import IMAGE_FORMATS, PDF, sniff
+from worker.render.sniff import (
+    IMAGE_FORMATS,
+    MUPDF_FORMATS,
+    OFFICE_TYPES,
+    SVG,
+    VIDEO_TYPES,
+    sniff,
+)
+
+FORMATS = ("webp", "jpeg", "avif")
 
 
 @dataclass(frozen=True)
 class RenderOptions:
     """What to make and which limits refuse hostile input."""
 
-    size: int = 512
-    format: str = "webp"  # "webp" or "jpeg"
+    size: int = 512  # the largest size; `sizes` lists all of them
+    format: str = "webp"  # "webp", "jpeg" or "avif"
     quality: int = 80
     pdf_page: int = 1  # 1-based; falls back to the last page when the document is shorter
     max_pixels: int = 80_000_000
     max_pages: int = 10_000
     max_bytes: int = 100 * 1024 * 1024
+    # Every size to make from one decode (each a square box); empty means just `size`.
+    sizes: tuple[int, ...] = ()
+    # The LibreOffice executable that converts office documents (None: there is none, and only
+    # an office document's embedded thumbnail can be shown).
+    soffice: str | None = None
+    # Cheaper rendering for an input that could not finish in its window: lower resolution, no
+    # anti-aliasing, embedded images skipped. The thumbnail is marked `degraded`.
+    degraded: bool = False
+
+    def all_sizes(self) -> tuple[int, ...]:
+        """The sizes to make, ascending, without duplicates."""
+        return tuple(sorted(set(self.sizes) | {self.size})) if self.sizes else (self.size,)
+
+
+@dataclass(frozen=True)
+class Rendition:
+    """One size of a thumbnail: the box it was made for, its bytes and its pixel size."""
+
+    size: int
+    data: bytes
+    width: int
+    height: int
 
 
 @dataclass(frozen=True)
 class Thumbnail:
-    """An encoded thumbnail and what it is."""
+    """Encoded thumbnails of one source and what they are. `data`, `width` and `height` are the
+    largest rendition's."""
 
     data: bytes
-    content_type: str  # "image/webp" or "image/jpeg"
+    content_type: str  # "image/webp", "image/jpeg" or "image/avif"
     width: int
     height: int
     source_type: str  # the sniffed type of the source, e.g. "application/pdf"
+    renditions: tuple[Rendition, ...] = field(default=())
+    thumbhash: str | None = None  # base64 ThumbHash, a ~25-byte blurred placeholder
+    dominant_color: str | None = None  # "#rrggbb"
+    degraded: bool = False  # made by the cheaper fallback (see RenderOptions.degraded)
 
 
 class MemoryLimitExceeded(ThumbqError):
@@ -44,7 +80,7 @@ class MemoryLimitExceeded(ThumbqError):
 
 
 def render(data: bytes, declared_type: str | None, opts: RenderOptions) -> Thumbnail:
-    """Make a thumbnail of `data`, choosing the renderer from its magic bytes, not `declared_type`.
+    """Make thumbnails of `data`, choosing the renderer from its magic bytes, not `declared_type`.
 
     Raises ThumbqError with a stable code for empty, oversized, unsupported or damaged input.
     """
@@ -58,14 +94,26 @@ def render(data: bytes, declared_type: str | None, opts: RenderOptions) -> Thumb
     # The renderers are imported here so that `import worker.render` loads neither PyMuPDF nor
     # Pillow (the progress endpoint and CLI start fast).
     try:
-        if detected == PDF:
-            from worker.render.pdf import render_pdf
+        if detected in MUPDF_FORMATS:
+            from worker.render.pdf import render_document
 
-            return render_pdf(data, opts)
+            return render_document(data, detected, opts)
         if detected in IMAGE_FORMATS:
             from worker.render.image import render_image
 
             return render_image(data, opts)
+        if detected == SVG:
+            from worker.render.svg import render_svg
+
+            return render_svg(data, opts)
+        if detected in VIDEO_TYPES:
+            from worker.render.video import render_video
+
+            return render_video(data, detected, opts)
+        if detected in OFFICE_TYPES:
+            from worker.render.office import render_embedded_thumbnail
+
+            return render_embedded_thumbnail(data, detected, opts)
     except MemoryError:
         raise MemoryLimitExceeded(detected or "file") from None
     raise ThumbqError(

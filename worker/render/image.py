@@ -1,7 +1,9 @@
-"""Raster images (JPEG, PNG, GIF, WebP, TIFF, BMP) to thumbnails with Pillow.
+"""Raster images (JPEG, PNG, GIF, WebP, TIFF, BMP, HEIC/HEIF, AVIF, PSD) to thumbnails with
+Pillow (and pillow-heif for HEIC).
 
 The pixel count is checked from the header before anything is decoded; JPEGs are decoded at
-reduced scale by libjpeg itself; every mode Pillow can produce is brought to 8-bit L/RGB(A).
+reduced scale by libjpeg itself; every mode Pillow can produce is brought to 8-bit L/RGB(A). A
+Photoshop file gives its composite (the flattened image Photoshop stores beside the layers).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import warnings
 import zlib
 
 from PIL import (
+    AvifImagePlugin,
     BmpImagePlugin,
     ExifTags,
     GifImagePlugin,
@@ -19,6 +22,7 @@ from PIL import (
     ImageOps,
     JpegImagePlugin,
     PngImagePlugin,
+    PsdImagePlugin,
     TiffImagePlugin,
     UnidentifiedImageError,
     WebPImagePlugin,
@@ -26,15 +30,20 @@ from PIL import (
 
 from worker.errors import CORRUPT_INPUT, TOO_LARGE, UNSUPPORTED_TYPE, ThumbqError
 from worker.render import RenderOptions, Thumbnail
-from worker.render.sniff import IMAGE_FORMATS, sniff
+from worker.render.output import REDUCING_GAP, encode, finish, fit_inside
+from worker.render.sniff import HEIC, HEIF, IMAGE_FORMATS, sniff
+
+__all__ = ["encode", "fit_inside", "open_image", "render_image"]
 
 # Importing the plugins registers them; otherwise the first open or save of a format outside
 # Pillow's five preloaded ones imports all ~40 plugins, about 40 ms in every new process.
 _PLUGINS = (
+    AvifImagePlugin,
     BmpImagePlugin,
     GifImagePlugin,
     JpegImagePlugin,
     PngImagePlugin,
+    PsdImagePlugin,
     TiffImagePlugin,
     WebPImagePlugin,
 )
@@ -49,24 +58,26 @@ _DECODE_ERRORS: tuple[type[BaseException], ...] = (
     struct.error,
     zlib.error,
 )
-# Measured on a 4000x3000 photo: method 0 encodes a 512 px thumbnail in a quarter of the time of
-# the default method 4 (5-7 ms against 20 ms), for files about 6% larger.
-WEBP_METHOD = 0
-# For a large reduction Pillow first shrinks by a whole factor with a box filter, then resamples
-# the last `REDUCING_GAP` times or less. Measured on photos from 1600x1200 and 3000x2000 down to
-# 512 px: 1.5 makes Lanczos 3-5x faster (10-16 ms instead of 28-91 ms), 44-49 dB PSNR against a
-# full Lanczos resample, well above the ~30 dB that WebP quality 80 itself leaves.
-REDUCING_GAP = 1.5
 
 
 def render_image(data: bytes, opts: RenderOptions) -> Thumbnail:
-    """Decode a raster image at the smallest scale that still fills the box and encode a thumbnail.
+    """Decode a raster image at the smallest scale that still fills the box and encode a thumbnail
+    of every size.
 
     A smaller image is never upscaled; EXIF orientation is applied; an animation gives its first
     frame.
     """
-    source_type = sniff(data)
-    img, full_size, draft_box = _open(data, source_type, opts.size, opts.max_pixels)
+    source_type = sniff(data) or "application/octet-stream"
+    img, icc_profile = open_image(data, source_type, opts)
+    return finish(img, opts, source_type, icc_profile=icc_profile, degraded=opts.degraded)
+
+
+def open_image(
+    data: bytes, source_type: str, opts: RenderOptions
+) -> tuple[Image.Image, bytes | None]:
+    """Decode and fit inside the largest box, upright, in an 8-bit display mode; returns the
+    picture and the ICC profile to embed in its thumbnails."""
+    img, full_size, draft_box = _open(data, source_type, opts)
     source_mode = img.mode
     icc_profile = img.info.get("icc_profile") if source_mode in ("RGB", "RGBA") else None
     img = _normalise_mode(img)
@@ -74,7 +85,9 @@ def render_image(data: bytes, opts: RenderOptions) -> Thumbnail:
     # fits a square box; so fit first and rotate the small result, which is much cheaper.
     target = fit_inside(full_size, opts.size)
     if target is not None and img.size != target:
-        if draft_box is not None and max(img.size) < 2 * max(target):
+        if opts.degraded:
+            img = img.resize(target, Image.Resampling.NEAREST, box=draft_box)
+        elif draft_box is not None and max(img.size) < 2 * max(target):
             # libjpeg already shrank in the DCT domain (a proper low-pass); the step left is under
             # 2x, and bilinear does it in half the time of Lanczos. Against a full-decode Lanczos
             # reference the final WebP differs by 0.25 dB PSNR (30.24 vs 30.49 dB, measured).
@@ -83,58 +96,16 @@ def render_image(data: bytes, opts: RenderOptions) -> Thumbnail:
             img = img.resize(
                 target, Image.Resampling.LANCZOS, box=draft_box, reducing_gap=REDUCING_GAP
             )
-    img = _apply_orientation(img)
+    if source_type not in (HEIC, HEIF):
+        # libheif already applied the file's rotation and mirroring (its irot/imir boxes, which
+        # HEIF says win over EXIF); applying EXIF's as well would turn the picture twice.
+        img = _apply_orientation(img)
     img = _to_display_mode(img, sixteen_bit=source_mode.startswith("I;16"))
-    encoded, content_type = encode(img, opts, icc_profile=icc_profile)
-    return Thumbnail(
-        data=encoded,
-        content_type=content_type,
-        width=img.width,
-        height=img.height,
-        source_type=source_type or "application/octet-stream",
-    )
-
-
-def fit_inside(size: tuple[int, int], box: int) -> tuple[int, int] | None:
-    """The size that fits `size` inside a `box` x `box` square with its aspect kept, or None when
-    it already fits (an image is never enlarged)."""
-    width, height = size
-    if width <= box and height <= box:
-        return None
-    if width >= height:
-        return box, max(1, round(height * box / width))
-    return max(1, round(width * box / height)), box
-
-
-def encode(
-    img: Image.Image, opts: RenderOptions, *, icc_profile: bytes | None = None
-) -> tuple[bytes, str]:
-    """Encode an L/LA/RGB/RGBA image as `opts.format`; JPEG gets alpha flattened onto white."""
-    if img.mode == "LA":
-        img = img.convert("RGBA")
-    if img.mode == "RGBA" and img.getchannel("A").getextrema()[0] == 255:
-        # Fully opaque: an alpha plane would only cost bytes.
-        img = img.convert("RGB")
-    buf = io.BytesIO()
-    if opts.format == "jpeg":
-        if img.mode == "RGBA":
-            background = Image.new("RGB", img.size, (255, 255, 255))
-            background.paste(img, mask=img.getchannel("A"))
-            img = background
-        elif img.mode not in ("RGB", "L"):
-            img = img.convert("RGB")
-        img.save(buf, "JPEG", quality=opts.quality, icc_profile=icc_profile)
-        return buf.getvalue(), "image/jpeg"
-    if opts.format != "webp":
-        raise ValueError(f"unknown thumbnail format {opts.format!r}")
-    if img.mode not in ("RGB", "RGBA"):
-        img = img.convert("RGB")
-    img.save(buf, "WEBP", quality=opts.quality, method=WEBP_METHOD, icc_profile=icc_profile)
-    return buf.getvalue(), "image/webp"
+    return img, icc_profile
 
 
 def _open(
-    data: bytes, source_type: str | None, box: int, max_pixels: int
+    data: bytes, source_type: str | None, opts: RenderOptions
 ) -> tuple[Image.Image, tuple[int, int], tuple[float, float, float, float] | None]:
     """Open, check the pixel count from the header, then decode (at reduced scale for JPEG).
 
@@ -147,6 +118,8 @@ def _open(
             UNSUPPORTED_TYPE,
             f"not an image type thumbq renders (detected {source_type or 'unknown'})",
         )
+    if pil_format == "HEIF":
+        _register_heif()
     try:
         with warnings.catch_warnings():
             # Our own limit, checked below before any decoding, refuses everything Pillow would
@@ -161,24 +134,25 @@ def _open(
             CORRUPT_INPUT, f"{source_type} file is damaged: its header cannot be read"
         ) from None
     except _DECODE_ERRORS as exc:
-        raise ThumbqError(CORRUPT_INPUT, f"{source_type} file is damaged: {exc}") from None
+        raise _damaged(source_type, exc) from None
 
     width, height = img.size
     if width <= 0 or height <= 0:
         raise ThumbqError(CORRUPT_INPUT, f"{source_type} declares an empty size {width}x{height}")
-    if width * height > max_pixels:
+    if width * height > opts.max_pixels:
         raise ThumbqError(
             TOO_LARGE,
             f"image is {width}x{height} = {width * height:,} pixels, "
-            f"over the limit of {max_pixels:,}",
+            f"over the limit of {opts.max_pixels:,}",
         )
     draft_box = None
-    target = fit_inside((width, height), box)
+    target = fit_inside((width, height), opts.size)
     if img.format == "JPEG" and target is not None:
         # libjpeg scales while decoding by 1/2, 1/4 or 1/8: the largest reduction that stays at
         # least as big as the fitted size (not the square box: a 1024x768 photo decodes straight
-        # to 512x384), so the resize afterwards never enlarges and is often not needed.
-        drafted = img.draft("RGB", target)
+        # to 512x384), so the resize afterwards never enlarges and is often not needed. Degraded:
+        # always 1/8, the cheapest decode.
+        drafted = img.draft("RGB", (1, 1) if opts.degraded else target)
         if drafted is not None and img.size != (width, height):
             draft_box = drafted[1]
     try:
@@ -186,8 +160,25 @@ def _open(
     except Image.DecompressionBombError as exc:
         raise ThumbqError(TOO_LARGE, f"image is too large to decode safely: {exc}") from None
     except _DECODE_ERRORS as exc:
-        raise ThumbqError(CORRUPT_INPUT, f"{source_type} file is damaged: {_reason(exc)}") from None
+        raise _damaged(source_type, exc) from None
     return img, (width, height), draft_box
+
+
+def _register_heif() -> None:
+    """Teach Pillow HEIC/HEIF, on first use: pillow-heif takes about 150 ms to import."""
+    import pillow_heif
+
+    if "HEIF" not in Image.OPEN:
+        pillow_heif.register_heif_opener(thumbnails=False, depth_images=False, aux_images=False)
+
+
+def _damaged(source_type: str | None, exc: BaseException) -> ThumbqError:
+    reason = _reason(exc)
+    if "security limit" in reason.lower():
+        # libheif refuses sizes and counts (pixels, tiles, items) beyond its safety limits
+        # before it decodes anything: the file is hostile or far too large, not damaged.
+        return ThumbqError(TOO_LARGE, f"{source_type} exceeds libheif's safety limits: {reason}")
+    return ThumbqError(CORRUPT_INPUT, f"{source_type} file is damaged: {reason}")
 
 
 def _reason(exc: BaseException) -> str:

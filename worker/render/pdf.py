@@ -1,4 +1,5 @@
-"""PDF pages to thumbnails with PyMuPDF, rendered straight at the size of the box.
+"""PDF pages (and the other documents MuPDF opens: EPUB, XPS, CBZ, FB2) to thumbnails with
+PyMuPDF, rendered straight at the size of the largest box.
 
 Vectors and text are rasterised at the final resolution, so a page of any size in points comes out
 crisp and filling the box, without rendering large and shrinking.
@@ -6,17 +7,23 @@ crisp and filling the box, without rendering large and shrinking.
 
 from __future__ import annotations
 
+import contextlib
+
 import pymupdf
 from PIL import Image
 
 from worker.errors import CORRUPT_INPUT, ENCRYPTED_INPUT, TOO_LARGE, ThumbqError
 from worker.render import RenderOptions, Thumbnail
-from worker.render.image import encode
-from worker.render.sniff import PDF
+from worker.render.output import finish
+from worker.render.sniff import MUPDF_FORMATS, PDF
 
 # MuPDF reports recoverable damage on stdout by default; a worker's stdout carries its JSON log.
 pymupdf.TOOLS.mupdf_display_errors(False)
 pymupdf.TOOLS.mupdf_display_warnings(False)
+# MuPDF's default anti-aliasing (8 bits: 256 levels) for graphics and text.
+_AA_DEFAULT = 8
+# A degraded render rasterises at this fraction of the size.
+DEGRADED_SCALE = 0.5
 
 
 def render_pdf(data: bytes, opts: RenderOptions) -> Thumbnail:
@@ -24,63 +31,89 @@ def render_pdf(data: bytes, opts: RenderOptions) -> Thumbnail:
 
     White background, page rotation and crop box honoured.
     """
+    return render_document(data, PDF, opts)
+
+
+def render_document(data: bytes, source_type: str, opts: RenderOptions) -> Thumbnail:
+    """Render the first page of a document MuPDF opens (for a PDF: page `opts.pdf_page`)."""
     try:
-        doc = pymupdf.open(stream=data, filetype="pdf")
+        doc = pymupdf.open(stream=data, filetype=MUPDF_FORMATS[source_type])
     except Exception as exc:
-        raise _classify(exc, "PDF cannot be opened") from None
+        raise _classify(exc, f"{_name(source_type)} cannot be opened") from None
+    if opts.degraded:
+        pymupdf.TOOLS.set_aa_level(0)
     try:
-        return _render_document(doc, opts)
+        return _render_document(doc, source_type, opts)
     finally:
         doc.close()
+        if opts.degraded:
+            pymupdf.TOOLS.set_aa_level(_AA_DEFAULT)
         # The warning log is a module-level list and the store a process-wide cache: both would
         # grow in a long-lived worker.
         pymupdf.TOOLS.reset_mupdf_warnings()
         pymupdf.TOOLS.store_shrink(100)
 
 
-def _render_document(doc: pymupdf.Document, opts: RenderOptions) -> Thumbnail:
+def _render_document(doc: pymupdf.Document, source_type: str, opts: RenderOptions) -> Thumbnail:
+    name = _name(source_type)
     if doc.needs_pass and not doc.authenticate(""):
-        raise ThumbqError(ENCRYPTED_INPUT, "PDF is protected by a password")
+        raise ThumbqError(ENCRYPTED_INPUT, f"{name} is protected by a password")
     try:
-        page_count = doc.page_count
-        if page_count > opts.max_pages:
-            raise ThumbqError(
-                TOO_LARGE, f"PDF has {page_count:,} pages, over the limit of {opts.max_pages:,}"
-            )
-        if page_count < 1:
-            raise ThumbqError(CORRUPT_INPUT, "PDF has no pages")
-        page = doc.load_page(min(max(opts.pdf_page, 1), page_count) - 1)
+        if doc.is_reflowable:
+            # EPUB and FB2 are laid out on demand; counting their pages would lay out the whole
+            # book. The first page (usually the cover) is what a shelf shows.
+            page = doc.load_page(0)
+        else:
+            page_count = doc.page_count
+            if page_count > opts.max_pages:
+                raise ThumbqError(
+                    TOO_LARGE,
+                    f"{name} has {page_count:,} pages, over the limit of {opts.max_pages:,}",
+                )
+            if page_count < 1:
+                raise ThumbqError(CORRUPT_INPUT, f"{name} has no pages")
+            page = doc.load_page(min(max(opts.pdf_page, 1), page_count) - 1)
         # page.rect is the crop box with /Rotate applied, starting at (0, 0); scaling its longer
         # side to exactly `size` gives a pixmap whose longer side is `size` (checked on 300
         # random page sizes, offsets and rotations).
         rect = page.rect
         if rect.is_empty or rect.is_infinite:
-            raise ThumbqError(CORRUPT_INPUT, f"PDF page has an unusable size {rect}")
+            raise ThumbqError(CORRUPT_INPUT, f"{name} page has an unusable size {rect}")
         scale = opts.size / max(rect.width, rect.height)
+        if opts.degraded:
+            scale *= DEGRADED_SCALE
+            if doc.is_pdf:
+                _skip_images(page)
     except ThumbqError:
         raise
     except Exception as exc:
-        raise _classify(exc, "PDF page cannot be loaded") from None
+        raise _classify(exc, f"{name} page cannot be loaded") from None
     try:
         # Without alpha MuPDF clears the pixmap to white before drawing.
         pix = page.get_pixmap(
             matrix=pymupdf.Matrix(scale, scale), colorspace=pymupdf.csRGB, alpha=False
         )
     except Exception as exc:
-        raise _classify(exc, "PDF page cannot be rendered") from None
-    # Pillow encodes from the pixmap's memory without a copy. MuPDF has no WebP encoder, and its
-    # JPEG took 11.5 ms where Pillow's took 0.6 ms for a 512x288 slide (measured).
+        raise _classify(exc, f"{name} page cannot be rendered") from None
+    # Pillow reads the pixmap's memory without a copy. MuPDF has no WebP encoder, and its JPEG
+    # took 11.5 ms where Pillow's took 0.6 ms for a 512x288 slide (measured).
     img = Image.frombuffer(
         "RGB", (pix.width, pix.height), pix.samples_mv, "raw", "RGB", pix.stride, 1
     )
-    encoded, content_type = encode(img, opts)
-    return Thumbnail(
-        data=encoded,
-        content_type=content_type,
-        width=pix.width,
-        height=pix.height,
-        source_type=PDF,
-    )
+    return finish(img, opts, source_type, degraded=opts.degraded)
+
+
+def _skip_images(page: pymupdf.Page) -> None:
+    """Replace the page's images with a transparent pixel (in memory only): decoding a large scan
+    or JPEG 2000 image is what most often makes a page slow."""
+    for image in page.get_images(full=True):
+        # An image MuPDF cannot replace is drawn as it is.
+        with contextlib.suppress(Exception):
+            page.delete_image(image[0])
+
+
+def _name(source_type: str) -> str:
+    return {"application/pdf": "PDF"}.get(source_type, MUPDF_FORMATS[source_type].upper())
 
 
 def _classify(exc: Exception, what: str) -> BaseException:

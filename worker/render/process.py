@@ -55,9 +55,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from worker.errors import (
     INTERNAL,
@@ -67,7 +67,10 @@ from worker.errors import (
     TRANSIENT_CODES,
     ThumbqError,
 )
-from worker.render import MemoryLimitExceeded, RenderOptions, Thumbnail
+from worker.render import MemoryLimitExceeded, RenderOptions, Rendition, Thumbnail
+
+if TYPE_CHECKING:
+    from worker.render.office import OfficeConverter
 
 _ZYGOTE_BOOT = (
     "import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
@@ -116,6 +119,7 @@ class RenderPool:
         self._live: set[_Child] = set()
         self._zygote: _Zygote | None = None
         self._closed = False
+        self._office: OfficeConverter | None = None  # started on the first office document
 
     def __enter__(self) -> RenderPool:
         self.start()
@@ -140,17 +144,52 @@ class RenderPool:
             for child in borrowed:
                 self._slots.put(child if child is not None and not child.dead else None)
 
-    def render(self, data: bytes, declared_type: str | None, *, timeout_s: float) -> Thumbnail:
+    def render(
+        self,
+        data: bytes,
+        declared_type: str | None,
+        *,
+        timeout_s: float,
+        degrade_after_s: float | None = None,
+    ) -> Thumbnail:
         """Render in a child process; raise ThumbqError(RENDER_TIMEOUT) once `timeout_s` passes.
 
-        Errors raised in the child come back with their code and message.
+        With `degrade_after_s`, a render still running after that long is stopped and a cheaper
+        one (`RenderOptions.degraded`) gets the rest of the time; its thumbnail is marked
+        `degraded`. Office documents go through LibreOffice first when it is configured. Errors
+        raised in the child come back with their code and message.
         """
-        deadline = time.monotonic() + timeout_s
+        started = time.monotonic()
+        deadline = started + timeout_s
         if self._closed:
             raise RuntimeError("RenderPool is closed")
         if timeout_s <= 0:
             # Nothing could finish; do not start (and then have to kill) a healthy child.
             raise ThumbqError(RENDER_TIMEOUT, "no time was left to render")
+        first_deadline = deadline
+        if degrade_after_s is not None:
+            first_deadline = min(deadline, started + max(degrade_after_s, 0.0))
+        office_type = self._office_type(data)
+        if office_type is not None:
+            return self._render_office(data, office_type, first_deadline, deadline)
+        try:
+            return self._render_in_child(data, declared_type, first_deadline, degraded=False)
+        except _Overran:
+            if first_deadline >= deadline:
+                raise
+        try:
+            return self._render_in_child(data, declared_type, deadline, degraded=True)
+        except _Overran as exc:
+            raise ThumbqError(
+                RENDER_TIMEOUT, f"{exc.message}, and so did a cheaper (degraded) render"
+            ) from None
+
+    def _render_in_child(
+        self, data: bytes, declared_type: str | None, deadline: float, *, degraded: bool
+    ) -> Thumbnail:
+        timeout_s = deadline - time.monotonic()
+        if timeout_s <= 0:
+            raise _Overran(RENDER_TIMEOUT, "no time was left to render")
         try:
             child = self._slots.get(timeout=max(timeout_s, 0.0))
         except queue.Empty:
@@ -159,7 +198,7 @@ class RenderPool:
                 f"no render process became free within {timeout_s:.1f} s (all {self.workers} busy)",
             ) from None
         try:
-            child = self._send(child, data, declared_type, deadline, timeout_s)
+            child = self._send(child, data, declared_type, deadline, timeout_s, degraded)
             return self._await_reply(child, deadline, timeout_s)
         except ThumbqError:
             raise
@@ -170,6 +209,39 @@ class RenderPool:
             raise
         finally:
             self._slots.put(child if child is not None and not child.dead else None)
+
+    def _office_type(self, data: bytes) -> str | None:
+        """The office type of `data` when LibreOffice is configured to convert it, else None
+        (the child then shows the document's embedded thumbnail, or says what is missing)."""
+        if not self.opts.soffice:
+            return None
+        from worker.render.sniff import OFFICE_TYPES, sniff
+
+        detected = sniff(data)
+        return detected if detected in OFFICE_TYPES else None
+
+    def _render_office(
+        self, data: bytes, source_type: str, first_deadline: float, deadline: float
+    ) -> Thumbnail:
+        """LibreOffice makes a one-page PDF, a child draws it. When LibreOffice overruns its share
+        of the window, the document's embedded thumbnail is the degraded fallback."""
+        from worker.render.office import OfficeConverter
+
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("RenderPool is closed")
+            if self._office is None:
+                assert self.opts.soffice is not None
+                self._office = OfficeConverter(self.opts.soffice)
+            office = self._office
+        try:
+            pdf = office.convert_to_pdf(data, source_type, first_deadline)
+        except ThumbqError as exc:
+            if exc.code != RENDER_TIMEOUT or first_deadline >= deadline:
+                raise
+            return self._render_in_child(data, source_type, deadline, degraded=True)
+        thumb = self._render_in_child(pdf, "application/pdf", deadline, degraded=False)
+        return replace(thumb, source_type=source_type)
 
     def pids(self) -> list[int]:
         """Process ids of the live children (for tests and operators)."""
@@ -202,6 +274,10 @@ class RenderPool:
             self._forget(child)
         if zygote is not None:
             zygote.close()
+        with self._lock:
+            office, self._office = self._office, None
+        if office is not None:
+            office.close()
 
     # -- internals --------------------------------------------------------------------------------
 
@@ -251,11 +327,12 @@ class RenderPool:
         declared_type: str | None,
         deadline: float,
         timeout_s: float,
+        degraded: bool = False,
     ) -> _Child:
         """Hand the job to `child`, starting one if the slot is empty or its child has died."""
-        if child is not None:
+        if child is not None and not child.dead:
             try:
-                _send_job(child.sock, data, declared_type, deadline)
+                _send_job(child.sock, data, declared_type, deadline, degraded)
                 return child
             except (BrokenPipeError, ConnectionResetError):
                 # The child died while idle (the system's OOM killer, an operator): nothing was
@@ -266,7 +343,7 @@ class RenderPool:
                 raise _timeout(timeout_s) from None
         child = self._start_child()
         try:
-            _send_job(child.sock, data, declared_type, deadline)
+            _send_job(child.sock, data, declared_type, deadline, degraded)
         except TimeoutError:
             self._kill(child)
             raise _timeout(timeout_s) from None
@@ -326,12 +403,34 @@ def _parse_reply(payload: tuple[bytes, bytes]) -> Thumbnail | tuple[ThumbqError,
     try:
         header = json.loads(header_bytes)
         if header["ok"] is True:
+            renditions = []
+            offset = 0
+            for r in header["renditions"]:
+                length = int(r["length"])
+                if length < 0 or offset + length > len(body):
+                    raise ValueError("rendition outside the reply")
+                renditions.append(
+                    Rendition(
+                        size=int(r["size"]),
+                        data=body[offset : offset + length],
+                        width=int(r["width"]),
+                        height=int(r["height"]),
+                    )
+                )
+                offset += length
+            if not renditions or offset != len(body):
+                raise ValueError("renditions do not add up to the reply")
+            largest = renditions[-1]
             return Thumbnail(
-                data=body,
+                data=largest.data,
                 content_type=str(header["content_type"]),
-                width=int(header["width"]),
-                height=int(header["height"]),
+                width=largest.width,
+                height=largest.height,
                 source_type=str(header["source_type"]),
+                renditions=tuple(renditions),
+                thumbhash=_optional_str(header.get("thumbhash"), 100),
+                dominant_color=_optional_str(header.get("dominant_color"), 7),
+                degraded=bool(header.get("degraded", False)),
             )
         code, message = str(header["code"]), str(header["message"])[:1000]
         exits = bool(header["exit"])
@@ -342,10 +441,20 @@ def _parse_reply(payload: tuple[bytes, bytes]) -> Thumbnail | tuple[ThumbqError,
     return ThumbqError(code, message), exits
 
 
+def _optional_str(value: object, max_length: int) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > max_length:
+        raise ValueError("bad placeholder")
+    return value
+
+
+class _Overran(ThumbqError):
+    """A render was stopped at its deadline (as opposed to never starting)."""
+
+
 def _timeout(timeout_s: float) -> ThumbqError:
-    return ThumbqError(
-        RENDER_TIMEOUT, f"rendering took longer than {timeout_s:.1f} s and was stopped"
-    )
+    return _Overran(RENDER_TIMEOUT, f"rendering took longer than {timeout_s:.1f} s and was stopped")
 
 
 class _Zygote:
@@ -398,9 +507,15 @@ class _Zygote:
 # -- framing ---------------------------------------------------------------------------------------
 
 
-def _send_job(sock: socket.socket, data: bytes, declared_type: str | None, deadline: float) -> None:
+def _send_job(
+    sock: socket.socket,
+    data: bytes,
+    declared_type: str | None,
+    deadline: float,
+    degraded: bool = False,
+) -> None:
     sock.settimeout(max(deadline - time.monotonic(), 0.001))
-    header = json.dumps([declared_type, len(data)]).encode()
+    header = json.dumps([declared_type, len(data), degraded]).encode()
     sock.sendall(_FRAME.pack(len(header)) + header)
     sock.sendall(data)
 
@@ -477,7 +592,7 @@ def _zygote_main(control_fd: int) -> None:
             _stop_children()
             return
         options, memory_limit_mb = json.loads(request)
-        opts = RenderOptions(**options)
+        opts = RenderOptions(**{**options, "sizes": tuple(options.get("sizes") or ())})
         parent_end, child_end = socket.socketpair()
         pid = os.fork()
         if pid == 0:
@@ -560,10 +675,11 @@ def _child_main(sock: socket.socket, opts: RenderOptions, memory_limit_mb: int) 
     _limit_memory(memory_limit_mb)
     while True:
         try:
-            declared_type, size = json.loads(_recv_frame(sock, None, _MAX_HEADER))
+            declared_type, size, degraded = json.loads(_recv_frame(sock, None, _MAX_HEADER))
         except (EOFError, OSError):
             return
-        header, body = _render_one(sock, size, declared_type, opts, memory_limit_mb, render)
+        job_opts = replace(opts, degraded=True) if degraded else opts
+        header, body = _render_one(sock, size, declared_type, job_opts, memory_limit_mb, render)
         try:
             _send_frame(sock, json.dumps(header).encode())
             _send_frame(sock, body)
@@ -599,14 +715,22 @@ def _render_one(
         return error(INTERNAL, f"receiving the file failed: {exc}", exits=True)
     except Exception as exc:
         return error(INTERNAL, f"render failed: {type(exc).__name__}: {exc}"[:500], exits=False)
+    renditions = thumb.renditions or (
+        Rendition(max(thumb.width, thumb.height), thumb.data, thumb.width, thumb.height),
+    )
     header = {
         "ok": True,
         "content_type": thumb.content_type,
-        "width": thumb.width,
-        "height": thumb.height,
         "source_type": thumb.source_type,
+        "renditions": [
+            {"size": r.size, "width": r.width, "height": r.height, "length": len(r.data)}
+            for r in renditions
+        ],
+        "thumbhash": thumb.thumbhash,
+        "dominant_color": thumb.dominant_color,
+        "degraded": thumb.degraded,
     }
-    return header, thumb.data
+    return header, b"".join(r.data for r in renditions)
 
 
 def _recv_bytes(sock: socket.socket, size: int) -> bytes:

@@ -118,10 +118,9 @@ def render_embedded_thumbnail(data: bytes, source_type: str, opts: RenderOptions
             img, icc = open_image(picture, picture_type, opts)
             return finish(img, opts, source_type, icc_profile=icc, degraded=opts.degraded)
     if opts.soffice:
-        # LibreOffice exists but could not be used in time (see RenderPool's degraded path).
-        raise ThumbqError(
-            RENDER_TIMEOUT, f"{kind} could not be converted in time and carries no thumbnail"
-        )
+        # RenderPool asks for the embedded thumbnail only when LibreOffice failed on this file;
+        # it reports LibreOffice's error rather than this one.
+        raise ThumbqError(UNSUPPORTED_TYPE, f"this {kind} carries no embedded thumbnail")
     raise ThumbqError(
         UNSUPPORTED_TYPE,
         f"cannot make a thumbnail of this {kind}: LibreOffice (soffice) is not installed to "

@@ -35,9 +35,13 @@ on it is a frame: an 8-byte big-endian unsigned length, then that many bytes.
 - Worker -> zygote: one frame holding JSON `[render options, memory limit in MB]`.
   Zygote -> worker: one frame holding the new child's pid (8-byte big-endian), sent in the same
   sendmsg as the worker's end of the child's socket (SCM_RIGHTS), so the two arrive together.
-- Worker -> child: a frame holding JSON `[declared type, size]`, then `size` raw bytes (the file).
-  Child -> worker: a frame holding the JSON reply header (`{"ok": true, ...}` or
-  `{"ok": false, "code", "message", "exit"}`), then a frame holding the thumbnail (empty on error).
+- Worker -> child: a frame holding JSON `[declared type, size, degraded]`, then `size` raw bytes
+  (the file); `degraded` asks for the cheaper render (RenderOptions.degraded).
+  Child -> worker: a frame holding the JSON reply header, then a frame holding the thumbnails
+  (empty on error). The header is `{"ok": false, "code", "message", "exit"}` or `{"ok": true,
+  "content_type", "source_type", "renditions": [{"size", "width", "height", "length"}, ...],
+  "thumbhash", "dominant_color", "degraded"}`, the renditions ascending by size, their bytes
+  one after another in the second frame.
 """
 
 from __future__ import annotations
@@ -60,11 +64,13 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from worker.errors import (
+    CORRUPT_INPUT,
     INTERNAL,
     PERMANENT_CODES,
     RENDER_TIMEOUT,
     TOO_LARGE,
     TRANSIENT_CODES,
+    UNSUPPORTED_TYPE,
     ThumbqError,
 )
 from worker.render import MemoryLimitExceeded, RenderOptions, Rendition, Thumbnail
@@ -237,11 +243,26 @@ class RenderPool:
         try:
             pdf = office.convert_to_pdf(data, source_type, first_deadline)
         except ThumbqError as exc:
-            if exc.code != RENDER_TIMEOUT or first_deadline >= deadline:
+            if exc.code == RENDER_TIMEOUT and first_deadline < deadline:
+                degraded = True
+            elif exc.code == CORRUPT_INPUT:
+                degraded = False  # LibreOffice cannot read it; its own thumbnail may still do
+            else:
                 raise
-            return self._render_in_child(data, source_type, deadline, degraded=True)
+            try:
+                return self._render_in_child(data, source_type, deadline, degraded=degraded)
+            except ThumbqError as fallback:
+                if fallback.code == UNSUPPORTED_TYPE:  # no embedded thumbnail either
+                    raise exc from None
+                raise
         thumb = self._render_in_child(pdf, "application/pdf", deadline, degraded=False)
         return replace(thumb, source_type=source_type)
+
+    @property
+    def office(self) -> OfficeConverter | None:
+        """The LibreOffice converter, once an office document has started it (tests, operators)."""
+        with self._lock:
+            return self._office
 
     def pids(self) -> list[int]:
         """Process ids of the live children (for tests and operators)."""

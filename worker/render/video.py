@@ -20,6 +20,9 @@ from worker.render.output import finish, fit_inside
 SEEK_FRACTION = 0.10
 # How many keyframes to try for one that is not black before taking the brightest seen.
 MAX_KEYFRAMES = 12
+# When every keyframe tried was black (a video with one keyframe, at its black start), frames
+# after it are decoded, up to this many, for the first that is not.
+MAX_FRAMES = 150
 # A frame is "black" when its mean luminance and its spread are both this low (0-255).
 BLACK_MEAN = 24
 BLACK_STDDEV = 8
@@ -49,6 +52,13 @@ def _pick_frame(container: object, source_type: str, opts: RenderOptions) -> Ima
     stream = container.streams.video[0]
     ctx = stream.codec_context
     width, height = ctx.width, ctx.height
+    if width <= 0 or height <= 0:
+        # FFmpeg zeroes a declared size it refuses (over about 268 million pixels) or lacks.
+        raise ThumbqError(
+            CORRUPT_INPUT,
+            f"{source_type} declares no frame size FFmpeg accepts (zero, or far over "
+            f"{opts.max_pixels:,} pixels)",
+        )
     if width * height > opts.max_pixels:
         raise ThumbqError(
             TOO_LARGE,
@@ -66,29 +76,39 @@ def _pick_frame(container: object, source_type: str, opts: RenderOptions) -> Ima
         except av.error.FFmpegError:
             container.seek(0)
     best: tuple[float, Image.Image] | None = None
-    tried = 0
-    try:
-        for frame in container.decode(stream):
-            if frame.width * frame.height > opts.max_pixels:
-                raise ThumbqError(
-                    TOO_LARGE,
-                    f"video frames are {frame.width}x{frame.height}, over the pixel limit",
-                )
-            img = _scaled(frame, ctx.sample_aspect_ratio, opts)
-            if opts.degraded:
-                return img
-            stat = ImageStat.Stat(img.convert("L"))
-            mean, spread = stat.mean[0], stat.stddev[0]
-            if mean > BLACK_MEAN or spread > BLACK_STDDEV:
-                return img
-            if best is None or mean + spread > best[0]:
-                best = (mean + spread, img)
-            tried += 1
-            if tried >= MAX_KEYFRAMES:
+    for keyframes_only in (True, False):
+        if not keyframes_only:
+            # Every keyframe tried was black: decode the frames after the first one instead.
+            ctx.skip_frame = "DEFAULT"
+            try:
+                container.seek(0)
+            except av.error.FFmpegError:
                 break
-    except av.error.FFmpegError as exc:
-        if best is None:
-            raise ThumbqError(CORRUPT_INPUT, f"video cannot be decoded: {_reason(exc)}") from None
+        tried = 0
+        try:
+            for frame in container.decode(stream):
+                if frame.width * frame.height > opts.max_pixels:
+                    raise ThumbqError(
+                        TOO_LARGE,
+                        f"video frames are {frame.width}x{frame.height}, over the pixel limit",
+                    )
+                img = _scaled(frame, ctx.sample_aspect_ratio, opts)
+                if opts.degraded:
+                    return img
+                stat = ImageStat.Stat(img.convert("L"))
+                mean, spread = stat.mean[0], stat.stddev[0]
+                if mean > BLACK_MEAN or spread > BLACK_STDDEV:
+                    return img
+                if best is None or mean + spread > best[0]:
+                    best = (mean + spread, img)
+                tried += 1
+                if tried >= (MAX_KEYFRAMES if keyframes_only else MAX_FRAMES):
+                    break
+        except av.error.FFmpegError as exc:
+            if best is None:
+                raise ThumbqError(
+                    CORRUPT_INPUT, f"video cannot be decoded: {_reason(exc)}"
+                ) from None
     if best is None:
         raise ThumbqError(CORRUPT_INPUT, "video has no frame that can be decoded")
     return best[1]

@@ -1,0 +1,471 @@
+"""Every format beyond PDF and raster images, as a user sees it: a thumbnail of the right shape
+at every configured size that is not blank (and a video's that is not its black first second),
+or the right error for a hostile file, quickly and under the render processes' memory limit;
+end to end through a batch.
+
+The corpus is made by the tools that write these formats (tests/formats_corpus.py). Office
+documents need LibreOffice: without `soffice` those tests are skipped with the reason named
+(CI installs it). One render pool, and so one LibreOffice, serves the whole module.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import io
+import random
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from PIL import Image, ImageDraw, ImageStat
+
+from tests import corpus
+from tests import formats_corpus as fc
+from tests.corpus import BLUE, GREEN, RED
+from worker import db
+from worker.batch import run_batch, thumbnail_key
+from worker.config import Config, ConfigError
+from worker.errors import CORRUPT_INPUT, RENDER_TIMEOUT, TOO_LARGE, UNSUPPORTED_TYPE, ThumbqError
+from worker.queue import Queue
+from worker.render import RenderOptions, Thumbnail, render
+from worker.render.office import OfficeConverter, find_soffice
+from worker.render.output import dominant_color, thumbhash
+from worker.render.process import RenderPool
+from worker.service import enqueue
+from worker.storage import open_storage
+
+SOFFICE = find_soffice()
+NO_SOFFICE = (
+    "LibreOffice (soffice) is not installed: apt-get install libreoffice-impress "
+    "libreoffice-writer libreoffice-calc"
+)
+SIZES = (128, 256, 512)
+OPTS = RenderOptions(sizes=SIZES, soffice=SOFFICE)
+MEMORY_MB = 320  # the default for two render processes in a 1 GB function
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[RenderPool]:
+    with RenderPool(OPTS, workers=2, memory_limit_mb=MEMORY_MB) as p:
+        yield p
+
+
+def decode(data: bytes) -> Image.Image:
+    img = Image.open(io.BytesIO(data))
+    img.load()
+    return img
+
+
+def has_colour(img: Image.Image, colour: tuple[int, int, int], tolerance: int = 45) -> bool:
+    raw = img.convert("RGB").tobytes()
+    return any(
+        all(abs(raw[i + c] - colour[c]) <= tolerance for c in range(3))
+        for i in range(0, len(raw), 3)
+    )
+
+
+def check_renditions(thumb: Thumbnail, aspect: float) -> Image.Image:
+    """Every size is there, decodes to what it claims, fits its box, keeps the aspect."""
+    assert [r.size for r in thumb.renditions] == list(SIZES)
+    for r in thumb.renditions:
+        img = decode(r.data)
+        assert img.size == (r.width, r.height)
+        assert max(img.size) <= r.size
+        if aspect:
+            assert abs(r.width / r.height - aspect) / aspect < 0.04, (r, aspect)
+    largest = thumb.renditions[-1]
+    assert (thumb.data, thumb.width, thumb.height) == (largest.data, largest.width, largest.height)
+    assert thumb.thumbhash and base64.b64decode(thumb.thumbhash)
+    assert thumb.dominant_color and len(thumb.dominant_color) == 7
+    return decode(thumb.data)
+
+
+# -- every format --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(fc.FORMATS))
+def test_each_format_gives_thumbnails_of_its_shape_at_every_size_that_are_not_blank(
+    pool: RenderPool, name: str
+) -> None:
+    expect = fc.FORMATS[name]
+    if expect.needs_soffice and SOFFICE is None:
+        pytest.skip(NO_SOFFICE)
+    make = expect.make
+    assert callable(make)
+    thumb = pool.render(make(), None, timeout_s=60)
+    assert not thumb.degraded
+    img = check_renditions(thumb, expect.aspect)
+    # Not blank: a white page or a black frame has (almost) no spread.
+    assert max(ImageStat.Stat(img.convert("RGB")).stddev) > 10, name
+    if expect.colour is not None:
+        assert has_colour(img, expect.colour), (name, expect.colour)
+
+
+@pytest.mark.parametrize("name", ["mp4", "mov", "webm", "mkv"])
+def test_a_videos_thumbnail_is_not_its_black_first_second(pool: RenderPool, name: str) -> None:
+    make = fc.FORMATS[name].make
+    assert callable(make)
+    img = decode(pool.render(make(), None, timeout_s=30).data).convert("RGB")
+    # The first second is black; after it the picture is blue with a red box.
+    assert ImageStat.Stat(img.convert("L")).mean[0] > 40
+    assert has_colour(img, BLUE) and has_colour(img, RED)
+
+
+def test_a_portrait_photo_stays_portrait_in_heic_avif_and_psd(pool: RenderPool) -> None:
+    for make in (fc.heic_photo, fc.avif_photo, fc.psd_image):
+        img = decode(pool.render(make(), None, timeout_s=30).data).convert("RGB")
+        assert img.height > img.width
+        # Red on top, blue below: upside down or sideways would move them.
+        top = img.getpixel((img.width // 2, img.height // 8))
+        bottom = img.getpixel((img.width // 2, img.height * 7 // 8))
+        assert corpus_close(top, RED) and corpus_close(bottom, BLUE), (make, top, bottom)
+
+
+def corpus_close(pixel: object, colour: tuple[int, int, int], tolerance: int = 45) -> bool:
+    assert isinstance(pixel, tuple)
+    return all(abs(a - b) <= tolerance for a, b in zip(pixel[:3], colour, strict=True))
+
+
+def test_avif_is_a_third_output_format() -> None:
+    thumb = render(fc.heic_photo(), None, RenderOptions(format="avif", sizes=SIZES))
+    assert thumb.content_type == "image/avif"
+    for r in thumb.renditions:
+        img = decode(r.data)
+        assert img.format == "AVIF" and img.size == (r.width, r.height)
+
+
+def test_the_sizes_come_from_the_configuration() -> None:
+    base = {"THUMBQ_HOME": "/tmp/thumbq-test-home"}
+    config = Config.from_env({**base, "THUMBQ_THUMB_SIZES": " 512,128 , 256,128"})
+    assert config.thumb_sizes == (128, 256, 512) and config.thumb_size == 512
+    assert Config.from_env(base).all_thumb_sizes == (512,)
+    assert Config.from_env({**base, "THUMBQ_THUMB_SIZE": "300"}).all_thumb_sizes == (300,)
+    assert Config.from_env({**base, "THUMBQ_THUMB_FORMAT": "avif"}).thumb_ext == "avif"
+    for bad in ("12", "abc", "128,,x", "5000", ","):
+        with pytest.raises(ConfigError, match="THUMBQ_THUMB_SIZES"):
+            Config.from_env({**base, "THUMBQ_THUMB_SIZES": bad})
+    with pytest.raises(ConfigError, match="THUMBQ_THUMB_FORMAT"):
+        Config.from_env({**base, "THUMBQ_THUMB_FORMAT": "gif"})
+
+
+# -- placeholders --------------------------------------------------------------------------------
+
+# Computed by an independent ThumbHash implementation (the thumbhash-python package) for the
+# pictures `_hash_pictures()` draws: ours must agree byte for byte.
+THUMBHASH_VECTORS = [
+    "16kEFYQHxEhwrHWnZ6ZmePOuOCUJ",
+    "lrkENQpqhFCot4h2aGaZiJS/wgbE",
+    "XTeBDQAR84U7XGyGWZfQ+qJEgMR5V1YuRw==",
+    "mvmCCYIil3bwojwLOp5E+ZB5lVmHl3c=",
+    "HHo5hyAI9wiIh4hwj3CI+AiIgIAI94cP",
+    "GgkFKo4VVzuQZh26mn+IA2Y=",
+]
+
+
+def _hash_pictures() -> list[Image.Image]:
+    rng = random.Random(1)
+    pictures = []
+    for w, h, alpha in [
+        (32, 24, False),
+        (24, 32, False),
+        (32, 32, True),
+        (17, 5, True),
+        (1, 1, False),
+        (32, 10, False),
+    ]:
+        img = Image.new("RGBA", (w, h), (0, 0, 0, 0) if alpha else (10, 200, 30, 255))
+        draw = ImageDraw.Draw(img)
+        for _ in range(6):
+            x, y = rng.randrange(w), rng.randrange(h)
+            box = (x, y, x + rng.randrange(1, 12), y + rng.randrange(1, 12))
+            fill = (
+                rng.randrange(256),
+                rng.randrange(256),
+                rng.randrange(256),
+                rng.randrange(256) if alpha else 255,
+            )
+            draw.rectangle(box, fill=fill)
+        pictures.append(img)
+    return pictures
+
+
+def test_thumbhash_matches_an_independent_implementation() -> None:
+    assert [thumbhash(p) for p in _hash_pictures()] == THUMBHASH_VECTORS
+
+
+def test_the_dominant_colour_is_the_largest_area_not_the_average() -> None:
+    flag = Image.new("RGBA", (30, 30), (*BLUE, 255))
+    ImageDraw.Draw(flag).rectangle((0, 0, 29, 19), fill=(*RED, 255))
+    assert dominant_color(flag) == "#{:02x}{:02x}{:02x}".format(*RED)
+    # Transparent pixels do not count, whatever colour they carry.
+    logo = Image.new("RGBA", (30, 30), (255, 255, 255, 0))
+    ImageDraw.Draw(logo).rectangle((10, 10, 15, 15), fill=(*GREEN, 255))
+    assert dominant_color(logo) == "#{:02x}{:02x}{:02x}".format(*GREEN)
+
+
+# -- office documents without LibreOffice ----------------------------------------------------------
+
+
+def test_without_libreoffice_the_embedded_thumbnail_is_used_or_the_converter_is_named() -> None:
+    opts = RenderOptions(sizes=SIZES, soffice=None)
+    thumb = render(fc.odp_with_embedded_thumbnail(), None, opts)
+    img = check_renditions(thumb, 256 / 192)
+    assert has_colour(img, RED) and has_colour(img, BLUE)
+    assert img.size == (256, 192)  # never enlarged
+    # python-pptx and python-docx write a plain white thumbnail: that is no thumbnail.
+    for make in (fc.pptx_deck, fc.docx_letter):
+        with pytest.raises(ThumbqError) as info:
+            render(make(), None, opts)
+        assert info.value.code == UNSUPPORTED_TYPE
+        assert "LibreOffice (soffice) is not installed" in info.value.message
+
+
+@pytest.mark.skipif(SOFFICE is None, reason=NO_SOFFICE)
+def test_a_document_libreoffice_cannot_open_still_shows_its_embedded_thumbnail(
+    pool: RenderPool,
+) -> None:
+    thumb = pool.render(fc.odp_with_embedded_thumbnail(), None, timeout_s=30)
+    assert has_colour(decode(thumb.data), RED) and not thumb.degraded
+
+
+@pytest.mark.skipif(SOFFICE is None, reason=NO_SOFFICE)
+def test_one_libreoffice_serves_every_office_document_of_a_pool(pool: RenderPool) -> None:
+    for make in (fc.pptx_deck, fc.docx_letter, fc.odt_text, fc.pptx_deck):
+        pool.render(make(), None, timeout_s=60)
+    assert pool.office is not None
+    assert pool.office.starts == 1 and pool.office.conversions >= 4
+
+
+def soffice_processes() -> set[int]:
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"soffice" in cmdline and b"thumbq-office-" in cmdline:
+                pids.add(int(entry.name))
+    return pids
+
+
+@pytest.mark.skipif(SOFFICE is None, reason=NO_SOFFICE)
+def test_libreoffice_is_killed_at_its_deadline_and_leaves_no_process_or_file() -> None:
+    assert SOFFICE is not None
+    before = soffice_processes()
+    folders = set(Path(tempfile.gettempdir()).glob("thumbq-office-*"))
+    converter = OfficeConverter(SOFFICE)
+    try:
+        started = time.monotonic()
+        with pytest.raises(ThumbqError) as info:
+            # Its start alone takes longer than this.
+            converter.convert_to_pdf(fc.pptx_deck(), fc.PPTX, time.monotonic() + 0.3)
+        assert info.value.code == RENDER_TIMEOUT
+        assert time.monotonic() - started < 2.5
+        deadline = time.monotonic() + 5
+        while soffice_processes() - before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert soffice_processes() - before == set()
+        # The next document starts a fresh LibreOffice.
+        pdf = converter.convert_to_pdf(fc.pptx_deck(), fc.PPTX, time.monotonic() + 60)
+        assert pdf.startswith(b"%PDF") and converter.starts == 2
+    finally:
+        converter.close()
+    assert soffice_processes() - before == set()
+    # Its profile and files are gone with it.
+    assert set(Path(tempfile.gettempdir()).glob("thumbq-office-*")) <= folders
+
+
+# -- degraded rendering ----------------------------------------------------------------------------
+
+
+def test_a_page_too_slow_for_its_window_gets_a_degraded_thumbnail(pool: RenderPool) -> None:
+    started = time.monotonic()
+    thumb = pool.render(fc.image_heavy_pdf(), None, timeout_s=6, degrade_after_s=3)
+    elapsed = time.monotonic() - started
+    assert thumb.degraded
+    assert elapsed < 6.5
+    # Half the resolution: the 512 box holds a 256 px picture, and the smaller sizes are there.
+    assert max(thumb.width, thumb.height) == 256
+    assert [r.size for r in thumb.renditions] == list(SIZES)
+
+
+def test_when_even_the_degraded_render_cannot_finish_the_render_times_out(
+    pool: RenderPool,
+) -> None:
+    started = time.monotonic()
+    with pytest.raises(ThumbqError) as info:
+        pool.render(corpus.slow_pdf(), "application/pdf", timeout_s=2, degrade_after_s=1)
+    assert info.value.code == RENDER_TIMEOUT and "degraded" in info.value.message
+    assert time.monotonic() - started < 3.5
+    # The pool works again.
+    assert pool.render(corpus.small_jpeg(), None, timeout_s=10).width > 0
+
+
+@pytest.mark.skipif(SOFFICE is None, reason=NO_SOFFICE)
+def test_an_office_document_whose_conversion_overruns_shows_its_embedded_thumbnail_degraded() -> (
+    None
+):
+    # A fresh pool: LibreOffice's start alone overruns the first share of the window.
+    with RenderPool(OPTS, workers=1, memory_limit_mb=MEMORY_MB) as fresh:
+        thumb = fresh.render(fc.pptx_with_thumbnail(), None, timeout_s=10, degrade_after_s=0.3)
+    assert thumb.degraded
+    assert has_colour(decode(thumb.data), RED) and has_colour(decode(thumb.data), BLUE)
+
+
+# -- hostile files ---------------------------------------------------------------------------------
+
+
+class RecordingServer:
+    """A local HTTP server that records every request it gets (and answers each with a PNG)."""
+
+    def __init__(self) -> None:
+        self.requests: list[str] = []
+        recorder = self.requests
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                recorder.append(self.path)
+                body = fc.quadrant_png(8, 8)
+                self.send_response(200)
+                self.send_header("Content-Type", "image/png")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def http_recorder() -> Iterator[RecordingServer]:
+    server = RecordingServer()
+    yield server
+    server.close()
+
+
+def test_an_svg_fetches_nothing_and_reads_no_local_file(
+    pool: RenderPool, http_recorder: RecordingServer, tmp_path: Path
+) -> None:
+    secret = tmp_path / "secret.png"
+    Image.new("RGB", (50, 50), RED).save(secret)
+    # The server answers, so a fetch would show: prove first that it records what it gets.
+    import urllib.request
+
+    urllib.request.urlopen(http_recorder.url + "/probe").read()
+    assert http_recorder.requests == ["/probe"]
+    http_recorder.requests.clear()
+
+    svg = fc.svg_with_references(http_recorder.url, str(secret))
+    thumb = pool.render(svg, "image/svg+xml", timeout_s=10)
+    img = decode(thumb.data).convert("RGB")
+    assert has_colour(img, GREEN)
+    assert not has_colour(img, RED), "the local file was read into the thumbnail"
+    time.sleep(0.2)
+    assert http_recorder.requests == []
+
+    with pytest.raises(ThumbqError) as info:
+        pool.render(fc.svg_external_entity(http_recorder.url), None, timeout_s=10)
+    assert info.value.code == CORRUPT_INPUT and "entity" in info.value.message
+    time.sleep(0.2)
+    assert http_recorder.requests == []
+
+
+HOSTILE = {
+    # name: (maker, code, what the message must say)
+    "svg_billion_laughs": (fc.svg_billion_laughs, TOO_LARGE, "entities"),
+    "mkv_16000x16000": (lambda: fc.mkv_huge_header(16_000, 16_000), TOO_LARGE, "pixels"),
+    # FFmpeg itself refuses a frame of 10^10 pixels and reports no size at all.
+    "mkv_100000x100000": (fc.mkv_huge_header, CORRUPT_INPUT, "frame size"),
+    "pptx_zip_bomb": (fc.pptx_zip_bomb, TOO_LARGE, "compression bomb"),
+    "heic_100000x100000": (fc.heic_huge_header, TOO_LARGE, "10000000000"),
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_a_hostile_file_ends_with_its_code_quickly_and_the_pool_survives(
+    pool: RenderPool, name: str
+) -> None:
+    make, code, words = HOSTILE[name]
+    data = make()
+    started = time.monotonic()
+    with pytest.raises(ThumbqError) as info:
+        pool.render(data, None, timeout_s=10)
+    assert (info.value.code, time.monotonic() - started < 2.0) == (code, True), info.value
+    assert words in info.value.message
+    # Without LibreOffice the same refusal comes from the embedded-thumbnail path.
+    if name == "pptx_zip_bomb":
+        with pytest.raises(ThumbqError) as again:
+            render(data, None, RenderOptions(soffice=None))
+        assert again.value.code == TOO_LARGE
+    assert pool.render(corpus.small_jpeg(), None, timeout_s=10).width > 0
+
+
+# -- end to end through a batch --------------------------------------------------------------------
+
+
+def test_every_format_and_hostile_file_ends_right_through_a_batch(
+    tmp_path: Path, db_url: str, pool: RenderPool
+) -> None:
+    config = Config.from_env(
+        {
+            "THUMBQ_HOME": str(tmp_path / "home"),
+            "DATABASE_URL": db_url,
+            "THUMBQ_STORAGE_URL": (tmp_path / "storage").as_uri(),
+            "THUMBQ_CONCURRENCY": "2",
+            "THUMBQ_THUMB_SIZES": ",".join(map(str, SIZES)),
+        }
+    )
+    storage = open_storage(config)
+    expected: dict[str, tuple[str, str | None]] = {}
+    for name, expect in fc.FORMATS.items():
+        if expect.needs_soffice and SOFFICE is None:
+            continue
+        make = expect.make
+        assert callable(make)
+        storage.put(f"formats/{name}", make(), "application/octet-stream")
+        expected[name] = ("completed", None)
+    for name, (make, code, _words) in HOSTILE.items():
+        storage.put(f"formats/{name}", make(), "application/octet-stream")
+        expected[name] = ("failed", code)
+    storage.put("formats/svg_billion_laughs", fc.svg_billion_laughs(), "image/svg+xml")
+    items = [{"source_key": f"formats/{name}"} for name in expected]
+    with db.connect(db_url) as conn:
+        enqueue(conn, storage, config, items, "formats")
+        runs = []
+        for _ in range(6):
+            runs.append(run_batch(config, conn, storage, pool))
+            p = Queue(conn).progress("formats")
+            assert p is not None
+            if p["pending"] + p["processing"] == 0:
+                break
+        jobs = {r["source_key"]: r for r in conn.execute("select * from thumbq.jobs")}
+    for r in runs:
+        assert r.duration_ms <= config.deadline_ms + 600, r
+    for name, (status, code) in expected.items():
+        job = jobs[f"formats/{name}"]
+        assert (job["status"], job["error_code"]) == (status, code), (name, job["last_error"])
+        if status != "completed":
+            continue
+        assert job["thumbnail_key"] == thumbnail_key(
+            f"formats/{name}", job["source_etag"], 512, "webp"
+        )
+        for size in SIZES:
+            data, info = storage.get(
+                thumbnail_key(f"formats/{name}", job["source_etag"], size, "webp")
+            )
+            assert info.content_type == "image/webp"
+            assert max(decode(data).size) <= size

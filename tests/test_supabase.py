@@ -1,6 +1,6 @@
-"""Supabase integration: the pg_cron schedule, Realtime broadcasts, and the Netlify/Vercel
-deploy files, tested as far as a machine without Supabase allows. The migrations themselves are
-tested in test_migrations.py.
+"""Supabase integration: Realtime broadcasts and the Netlify/Vercel deploy files, tested as far
+as a machine without Supabase allows. The migrations are tested in test_migrations.py, the
+pg_cron + pg_net schedule in test_pg_cron.py.
 """
 
 from __future__ import annotations
@@ -8,174 +8,20 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.pgtools import PG15_BIN, PGMQ_SQL, install_pgmq, supabase_push, supabase_roles
+from tests.pgtools import supabase_roles
 from worker import db
 from worker.config import Config
-from worker.migrations import PGMQ_EXTENSION
 
 ROOT = Path(__file__).resolve().parent.parent
 MIGRATIONS = ROOT / "supabase" / "migrations"
 
 
-def _apply_migrations(conn: db.Conn) -> None:
-    """`supabase db push` of supabase/migrations/, on the pgmq the database has."""
-    install_pgmq(conn, PGMQ_SQL)
-    supabase_push(
-        conn,
-        {
-            p.name: p.read_text(encoding="utf-8").replace(PGMQ_EXTENSION, "")
-            for p in sorted(MIGRATIONS.glob("*.sql"))
-        },
-    )
-
-
-# -- 2. pg_cron schedule ----------------------------------------------------------------------
-
-PG_CRON_SO = PG15_BIN.parent / "lib" / "pg_cron.so"
-CRON_SQL = ROOT / "sql" / "007_cron.sql"
-CRON_MIGRATION = MIGRATIONS / "20260101000007_thumbq_007_cron.sql"
-
-# pg_net and Vault are not packaged for Debian: these stand-ins have the real signatures (pg_net
-# 0.x `net.http_post`, Vault's `decrypted_secrets` view) and record what they are given.
-NET_AND_VAULT_STANDINS = """
-create schema net;
-create table net.calls (id bigserial primary key, url text, body jsonb, params jsonb,
-                        headers jsonb, timeout_milliseconds integer);
-create function net.http_post(url text, body jsonb default '{}'::jsonb,
-                              params jsonb default '{}'::jsonb,
-                              headers jsonb default '{"Content-Type": "application/json"}'::jsonb,
-                              timeout_milliseconds integer default 5000)
-returns bigint language sql as $$
-  insert into net.calls (url, body, params, headers, timeout_milliseconds)
-  values (url, body, params, headers, timeout_milliseconds) returning id
-$$;
-create schema vault;
-create table vault.store (name text primary key, secret text not null);
-create view vault.decrypted_secrets as select name, secret as decrypted_secret from vault.store;
-"""
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _as_postgres(cmd: str) -> None:
-    subprocess.run(["su", "postgres", "-s", "/bin/bash", "-c", cmd], check=True, timeout=60)
-
-
-@pytest.fixture(scope="module")
-def cron_cluster_url() -> Iterator[str]:
-    """A throw-away Postgres 15 cluster with pg_cron preloaded, stopped and removed after."""
-    import os
-    import pwd
-    import tempfile
-
-    if not PG_CRON_SO.exists() or not (PG15_BIN / "initdb").exists():
-        pytest.skip("postgresql-15-cron is not installed")
-    if os.geteuid() != 0:
-        pytest.skip("starting a cluster as user postgres needs root")
-    pw = pwd.getpwnam("postgres")
-    base = Path(tempfile.mkdtemp(prefix="thumbq-cron-"))
-    os.chown(base, pw.pw_uid, pw.pw_gid)
-    data, port = base / "data", _free_port()
-    _as_postgres(f"{PG15_BIN}/initdb -D {data} -U postgres --auth=trust -E UTF8 >/dev/null")
-    with (data / "postgresql.conf").open("a") as f:
-        f.write(
-            "shared_preload_libraries = 'pg_cron'\n"
-            "cron.database_name = 'postgres'\n"
-            f"port = {port}\nlisten_addresses = ''\nunix_socket_directories = '{base}'\n"
-        )
-    _as_postgres(f"{PG15_BIN}/pg_ctl -D {data} -l {base}/log -w start >/dev/null")
-    try:
-        yield f"host={base} port={port} dbname=postgres user=postgres"
-    finally:
-        _as_postgres(f"{PG15_BIN}/pg_ctl -D {data} -m immediate -w stop >/dev/null")
-        shutil.rmtree(base, ignore_errors=True)
-
-
-def _cron_jobs(conn: db.Conn) -> list[tuple[str, str, str]]:
-    rows = conn.execute("select jobname, schedule, command from cron.job order by jobname")
-    return [(r["jobname"], r["schedule"], r["command"]) for r in rows]
-
-
-def test_cron_migration_schedules_batch_and_cleanup_once_even_when_reapplied(
-    cron_cluster_url: str,
-) -> None:
-    expected = [
-        ("thumbq-batch", "*/5 * * * *", "select thumbq.call_api('/api/thumbnails/batch-generate')"),
-        ("thumbq-cleanup-stale", "*/15 * * * *", "select thumbq.reap_stale()"),
-    ]
-    with db.connect(cron_cluster_url) as conn:
-        conn.execute(NET_AND_VAULT_STANDINS.encode())
-        supabase_roles(conn)
-        _apply_migrations(conn)
-        assert _cron_jobs(conn) == expected
-        # Re-running replaces by name: still exactly two jobs.
-        conn.execute(CRON_MIGRATION.read_bytes())
-        conn.execute(CRON_SQL.read_bytes())
-        assert db.init_schema(conn)["applied"] == []
-        assert _cron_jobs(conn) == expected
-        # The scheduled commands run as written (pg_cron would run the very same text).
-        batch_cmd, cleanup_cmd = expected[0][2], expected[1][2]
-        assert conn.execute(cleanup_cmd).fetchone() == {"reap_stale": 0}
-        with pytest.raises(Exception, match="Vault secret thumbq_api_url is missing"):
-            conn.execute(batch_cmd)
-        conn.execute("insert into vault.store values ('thumbq_api_url', 'https://api.test/')")
-        with pytest.raises(Exception, match="Vault secret thumbq_cron_secret is missing"):
-            conn.execute(batch_cmd)
-
-
-def test_call_api_posts_to_the_vault_url_with_the_bearer_secret(cron_cluster_url: str) -> None:
-    with db.connect(cron_cluster_url) as conn:
-        if conn.execute("select to_regclass('net.calls') is null as fresh").fetchone()["fresh"]:
-            pytest.skip("needs the schedule test's database")
-        conn.execute("truncate net.calls; delete from vault.store")
-        conn.execute(
-            "insert into vault.store values ('thumbq_api_url', 'https://api.test/'),"
-            " ('thumbq_cron_secret', 's3cret-value')"
-        )
-        request_id = conn.execute(
-            "select thumbq.call_api('/api/thumbnails/batch-generate') as id"
-        ).fetchone()
-        call = conn.execute("select * from net.calls").fetchall()
-        may_call = conn.execute(
-            "select has_function_privilege(r, 'thumbq.call_api(text, integer)', 'execute') as ok"
-            " from unnest(array['anon', 'authenticated', 'service_role']) r"
-        ).fetchall()
-    assert request_id == {"id": call[0]["id"]}
-    assert len(call) == 1
-    assert call[0]["url"] == "https://api.test/api/thumbnails/batch-generate"
-    assert call[0]["headers"] == {
-        "Content-Type": "application/json",
-        "Authorization": "Bearer s3cret-value",
-    }
-    assert call[0]["body"] == {} and call[0]["timeout_milliseconds"] >= 15000
-    assert not any(r["ok"] for r in may_call), "API roles must not trigger batches or read secrets"
-
-
-def test_cron_migration_on_plain_postgres_does_nothing_and_says_so(conn: db.Conn) -> None:
-    notices: list[str] = []
-    conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
-    conn.execute(CRON_SQL.read_bytes())
-    row = conn.execute(
-        "select to_regprocedure('thumbq.call_api(text, integer)') is null as no_function,"
-        " to_regnamespace('cron') is null as no_cron"
-    ).fetchone()
-    assert row == {"no_function": True, "no_cron": True}
-    assert any("pg_cron is not available" in n for n in notices), notices
-
-
-# -- 3. Realtime ------------------------------------------------------------------------------
+# -- Realtime ---------------------------------------------------------------------------------
 
 # A stand-in for Supabase's realtime schema: realtime.send with the real signature records each
 # call; messages + topic() are enough for the private-topic policy to be created and enforced.
@@ -285,7 +131,7 @@ def test_jobs_and_groups_join_an_existing_supabase_realtime_publication(empty_db
     ]
 
 
-# -- 4. Netlify and Vercel --------------------------------------------------------------------
+# -- Netlify and Vercel ---------------------------------------------------------------------
 
 NETLIFY_FN = ROOT / "netlify" / "functions" / "thumbq-batch.mjs"
 

@@ -172,15 +172,6 @@ def test_netlify_build_command_writes_the_api_url_into_the_proxy(tmp_path: Path)
     assert api["to"] == "https://api.example.org/api/:splat"
 
 
-def test_vercel_json_crons_the_batch_every_5_minutes_into_the_flask_app() -> None:
-    cfg = json.loads((ROOT / "vercel.json").read_text(encoding="utf-8"))
-    crons = {c["path"]: c["schedule"] for c in cfg["crons"]}
-    assert crons["/api/thumbnails/batch-generate"] == "*/5 * * * *"
-    assert crons["/api/thumbnails/cleanup-stale"] == "*/15 * * * *"
-    assert "api/index.py" in cfg["functions"]
-    assert (ROOT / "api" / "index.py").is_file()
-
-
 def _run_netlify_function(api_url: str, secret: str) -> tuple[int, str]:
     node = shutil.which("node")
     if not node:

@@ -282,8 +282,29 @@ SCHEMAS: dict[str, Any] = {
             "max_attempts": {"type": "integer"},
             "error_code": {"type": ["string", "null"]},
             "last_error": {"type": ["string", "null"]},
-            "thumbnail_key": {"type": ["string", "null"]},
+            "thumbnail_key": {
+                "type": ["string", "null"],
+                "description": "The largest size's key (see thumbnails).",
+            },
             "thumbnail_content_type": {"type": ["string", "null"]},
+            "thumbnails": {
+                "type": ["object", "null"],
+                "description": "Every size made (THUMBQ_THUMB_SIZES): box size -> storage key.",
+                "additionalProperties": {"type": "string"},
+            },
+            "thumbhash": {
+                "type": ["string", "null"],
+                "description": "ThumbHash of the thumbnail, base64: a blurred placeholder.",
+            },
+            "dominant_color": {
+                "type": ["string", "null"],
+                "description": "The thumbnail's dominant colour, #rrggbb.",
+            },
+            "degraded": {
+                "type": ["boolean", "null"],
+                "description": "The input could not render in its window at full quality; this "
+                "thumbnail is a cheaper one (lower resolution, no anti-aliasing, images skipped).",
+            },
             "width": {"type": ["integer", "null"]},
             "height": {"type": ["integer", "null"]},
             "bytes": {"type": ["integer", "null"]},

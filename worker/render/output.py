@@ -156,57 +156,43 @@ def thumbhash(rgba: Image.Image) -> str:
     if w > 100 or h > 100:
         raise ValueError(f"{w}x{h} does not fit in 100x100")
     raw = rgba.tobytes()
-    pixels = [tuple(raw[i : i + 4]) for i in range(0, len(raw), 4)]
     n = w * h
-    avg_r = avg_g = avg_b = avg_a = 0.0
-    for r, g, b, a in pixels:
-        alpha = a / 255
-        avg_r += alpha / 255 * r
-        avg_g += alpha / 255 * g
-        avg_b += alpha / 255 * b
-        avg_a += alpha
+    reds, greens, blues = raw[0::4], raw[1::4], raw[2::4]
+    alphas = [a / 255 for a in raw[3::4]]
+    avg_a = sum(alphas)
+    avg_r = avg_g = avg_b = 0.0
     if avg_a:
-        avg_r /= avg_a
-        avg_g /= avg_a
-        avg_b /= avg_a
+        avg_r = sum(a * r for a, r in zip(alphas, reds, strict=True)) / 255 / avg_a
+        avg_g = sum(a * g for a, g in zip(alphas, greens, strict=True)) / 255 / avg_a
+        avg_b = sum(a * b for a, b in zip(alphas, blues, strict=True)) / 255 / avg_a
     has_alpha = avg_a < n
     l_limit = 5 if has_alpha else 7  # fewer luminance terms leave room for alpha
     lx = max(1, round(l_limit * w / max(w, h)))
     ly = max(1, round(l_limit * h / max(w, h)))
-    lum: list[float] = []
-    p_ch: list[float] = []
-    q_ch: list[float] = []
-    a_ch: list[float] = []
-    for r, g, b, a in pixels:
-        # Composite atop the average colour, then to luminance and two opponent channels.
-        alpha = a / 255
-        rr = avg_r * (1 - alpha) + alpha / 255 * r
-        gg = avg_g * (1 - alpha) + alpha / 255 * g
-        bb = avg_b * (1 - alpha) + alpha / 255 * b
-        lum.append((rr + gg + bb) / 3)
-        p_ch.append((rr + gg) / 2 - bb)
-        q_ch.append(rr - gg)
-        a_ch.append(alpha)
+    # Composite atop the average colour, then to luminance and two opponent channels.
+    rs = [avg_r * (1 - a) + a / 255 * r for a, r in zip(alphas, reds, strict=True)]
+    gs = [avg_g * (1 - a) + a / 255 * g for a, g in zip(alphas, greens, strict=True)]
+    bs = [avg_b * (1 - a) + a / 255 * b for a, b in zip(alphas, blues, strict=True)]
+    lum = [(r + g + b) / 3 for r, g, b in zip(rs, gs, bs, strict=True)]
+    p_ch = [(r + g) / 2 - b for r, g, b in zip(rs, gs, bs, strict=True)]
+    q_ch = [r - g for r, g in zip(rs, gs, strict=True)]
+    a_ch = alphas
 
     def encode_channel(channel: list[float], nx: int, ny: int) -> tuple[float, list[float], float]:
         dc = 0.0
         ac: list[float] = []
         scale = 0.0
+        rows = [channel[y * w : (y + 1) * w] for y in range(h)]
         for cy in range(ny):
-            fy = [math.cos(math.pi / h * cy * (y + 0.5)) for y in range(h)]
-            # Separable: weight each column by the vertical cosine once per cy.
+            # Separable: weight each row by the vertical cosine, then sum the columns once.
             column = [0.0] * w
-            for y in range(h):
-                weight = fy[y]
-                row = y * w
-                for x in range(w):
-                    column[x] += channel[row + x] * weight
+            for y, row in enumerate(rows):
+                weight = math.cos(math.pi / h * cy * (y + 0.5))
+                column = [c + v * weight for c, v in zip(column, row, strict=True)]
             cx = 0
             while cx * ny < nx * (ny - cy):
-                f = 0.0
-                for x in range(w):
-                    f += column[x] * math.cos(math.pi / w * cx * (x + 0.5))
-                f /= n
+                fx = [math.cos(math.pi / w * cx * (x + 0.5)) for x in range(w)]
+                f = sum(c * k for c, k in zip(column, fx, strict=True)) / n
                 if cx or cy:
                     ac.append(f)
                     scale = max(scale, abs(f))

@@ -1,0 +1,452 @@
+"""The formats work against the baselines a user would otherwise use, ratios measured in one run
+on files made here (nothing downloaded).
+
+- video: a representative frame of a 10 s 1080p H.264 clip (thumbq through its render pool)
+  against `ffmpeg -ss <10%> -i clip -frames:v 1 -vf scale=512:-2 out.webp` (Debian's ffmpeg, a
+  process per file, as a user would pay it). Target: faster than the CLI and under 300 ms.
+- HEIC 12 MP: thumbq against a full decode (pillow-heif) + Lanczos resize + the same WebP.
+  Target: >= 2x.
+- PPTX: first slide of N decks with one LibreOffice reused through the render pool, against one
+  `soffice --headless --convert-to pdf` per deck (profile kept between calls) + the same PDF
+  render. Target: >= 3x.
+- Three sizes (128, 256, 512) from one decode against three separate renders, over a 12 MP JPEG,
+  a 12 MP HEIC, a slide PDF and a PNG screenshot. Target: >= 2x.
+- The whole pipeline against its floor: thumbnails per busy second of one budget-bound
+  invocation (10 s budget, 2 s buffer, 2 render processes, local storage, Postgres) on a mixed
+  corpus (slides, 12 MP photos, PNG screenshots, text PDFs), against two processes that only
+  decode the same files (PDF page rasterised at the target scale, JPEG at reduced scale, PNG
+  decoded; nothing resized, encoded or stored). Target: >= 0.6. And how much of its work window
+  (budget - buffer) that invocation uses. Target: >= 90%.
+
+Run: python -m bench.formats [--runs 7] [--decks 8] [--items 1200]
+(--quick: fewer runs and files, for development; the numbers are then rough)
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import multiprocessing
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from PIL import Image, ImageDraw
+
+from bench.common import scratch_database, write_result
+from worker import db
+from worker.batch import render_options, run_batch
+from worker.config import Config
+from worker.render import RenderOptions, render
+from worker.render.office import find_soffice
+from worker.render.output import encode
+from worker.render.process import RenderPool
+from worker.service import enqueue
+from worker.storage import open_storage
+
+OPTS = RenderOptions()
+
+
+def median_ms(fn: Callable[[], object], runs: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - started) * 1000)
+    return round(statistics.median(times), 1)
+
+
+# -- inputs ----------------------------------------------------------------------------------------
+
+
+def photo(width: int, height: int, seed: int) -> Image.Image:
+    """Photo-like: gradients, shapes, grain (compresses like a photo, not like a flat image)."""
+    rng = random.Random(seed)
+    small = Image.merge(
+        "RGB",
+        (
+            Image.linear_gradient("L").rotate(20 + seed).resize((64, 48)),
+            Image.radial_gradient("L").resize((64, 48)),
+            Image.linear_gradient("L").transpose(Image.Transpose.ROTATE_90).resize((64, 48)),
+        ),
+    )
+    img = small.resize((width, height), Image.Resampling.BICUBIC)
+    draw = ImageDraw.Draw(img)
+    for _ in range(60):
+        x, y = rng.randrange(width), rng.randrange(height)
+        r = rng.randrange(20, width // 6)
+        draw.ellipse((x, y, x + r, y + r), fill=tuple(rng.randrange(256) for _ in range(3)))
+    grain = Image.frombytes("L", (width, height), rng.randbytes(width * height))
+    return Image.blend(img, Image.merge("RGB", (grain, grain, grain)), 0.08)
+
+
+def jpeg_12mp(seed: int = 1) -> bytes:
+    out = io.BytesIO()
+    photo(4000, 3000, seed).save(out, "JPEG", quality=88)
+    return out.getvalue()
+
+
+def heic_12mp() -> bytes:
+    import pillow_heif
+
+    out = io.BytesIO()
+    pillow_heif.from_pillow(photo(4032, 3024, 2)).save(out, quality=60)
+    return out.getvalue()
+
+
+def png_screenshot(seed: int) -> bytes:
+    """A 1920x1080 UI screenshot: flat panels, text, an embedded photo."""
+    rng = random.Random(seed)
+    img = Image.new("RGB", (1920, 1080), (245, 246, 248))
+    draw = ImageDraw.Draw(img)
+    draw.rectangle((0, 0, 1920, 64), fill=(32, 40, 60))
+    draw.rectangle((0, 64, 280, 1080), fill=(230, 232, 236))
+    for i in range(40):
+        y = 90 + i * 24
+        draw.text((300, y), f"Row {i}: " + "lorem ipsum dolor sit amet " * 4, fill=(30, 30, 30))
+        draw.text((20, y), f"Menu item {i}", fill=(60, 60, 60))
+    img.paste(photo(600, 400, seed), (1250, 120 + rng.randrange(200)))
+    out = io.BytesIO()
+    img.save(out, "PNG")
+    return out.getvalue()
+
+
+def slide_pdf(seed: int) -> bytes:
+    """A 16:9 slide: title, bullet text, vector shapes and a photo."""
+    import pymupdf
+
+    doc = pymupdf.open()
+    page = doc.new_page(width=960, height=540)
+    page.draw_rect(pymupdf.Rect(0, 0, 960, 90), color=None, fill=(0.1, 0.2, 0.5))
+    page.insert_text((40, 60), f"Quarterly review {seed}", fontsize=36, color=(1, 1, 1))
+    for i in range(6):
+        page.insert_text((40, 150 + 45 * i), f"- point {i}: revenue grew by {i * 7}%", fontsize=22)
+    for i in range(12):
+        page.draw_circle((700 + 15 * i, 300), 40, color=(0.8, 0.1, 0.1), width=2)
+    buf = io.BytesIO()
+    photo(1200, 800, seed).save(buf, "JPEG", quality=85)
+    page.insert_image(pymupdf.Rect(560, 330, 920, 520), stream=buf.getvalue())
+    return doc.tobytes()
+
+
+def text_pdf(seed: int) -> bytes:
+    """A4 pages of running text."""
+    import pymupdf
+
+    doc = pymupdf.open()
+    for p in range(3):
+        page = doc.new_page()
+        text = f"Report {seed}, page {p + 1}. " + "The committee reviewed the figures. " * 90
+        page.insert_textbox(pymupdf.Rect(60, 60, 535, 780), text, fontsize=11)
+    return doc.tobytes()
+
+
+def pptx_deck(i: int) -> bytes:
+    from pptx import Presentation
+    from pptx.dml.color import RGBColor
+    from pptx.util import Inches
+
+    prs = Presentation()
+    prs.slide_width, prs.slide_height = Inches(13.333), Inches(7.5)
+    for s in range(6):
+        slide = prs.slides.add_slide(prs.slide_layouts[5])
+        slide.shapes.title.text = f"Deck {i}, slide {s + 1}"
+        box = slide.shapes.add_shape(1, Inches(1), Inches(2), Inches(6), Inches(4))
+        box.fill.solid()
+        box.fill.fore_color.rgb = RGBColor(40 * s % 255, 90, 160)
+    out = io.BytesIO()
+    prs.save(out)
+    return out.getvalue()
+
+
+def video_1080p(seconds: int = 10) -> bytes:
+    """H.264 1080p at 25 fps, a keyframe every 2 s, the first second black."""
+    import av
+
+    out = io.BytesIO()
+    background = photo(1920, 1080, 5)
+    with av.open(out, "w", format="mp4") as container:
+        stream = container.add_stream("libx264", rate=25)
+        stream.width, stream.height, stream.pix_fmt = 1920, 1080, "yuv420p"
+        stream.options = {"preset": "veryfast", "keyint": "50", "crf": "23"}
+        stream.time_base = Fraction(1, 25)
+        for i in range(seconds * 25):
+            if i < 25:
+                img = Image.new("RGB", (1920, 1080))
+            else:
+                img = background.copy()
+                ImageDraw.Draw(img).rectangle((i * 6, 300, i * 6 + 400, 700), fill=(220, 30, 30))
+            frame = av.VideoFrame.from_image(img)
+            frame.pts = i
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return out.getvalue()
+
+
+# -- sections --------------------------------------------------------------------------------------
+
+
+def bench_video(work: Path, runs: int) -> dict[str, Any]:
+    clip = video_1080p()
+    path = work / "clip.mp4"
+    path.write_bytes(clip)
+    with RenderPool(OPTS, 1, 512) as pool:
+        thumbq = median_ms(lambda: pool.render(clip, "video/mp4", timeout_s=30), runs)
+    cli = median_ms(
+        lambda: subprocess.run(
+            [
+                *("ffmpeg", "-v", "error", "-y", "-ss", "1", "-i", str(path)),
+                *("-frames:v", "1", "-vf", "scale=512:-2", str(work / "frame.webp")),
+            ],
+            check=True,
+        ),
+        runs,
+    )
+    return {
+        "clip": "1920x1080 H.264, 10 s, keyframe every 2 s, first second black",
+        "clip_bytes": len(clip),
+        "thumbq_ms": thumbq,
+        "ffmpeg_cli_ms": cli,
+        "speedup": round(cli / thumbq, 2),
+        "target": "faster than the CLI and < 300 ms",
+    }
+
+
+def bench_heic(runs: int) -> dict[str, Any]:
+    import pillow_heif
+
+    pillow_heif.register_heif_opener()
+    data = heic_12mp()
+
+    def baseline() -> bytes:
+        img = Image.open(io.BytesIO(data))
+        img.load()
+        img = img.resize((512, 384), Image.Resampling.LANCZOS)
+        return encode(img, OPTS)[0]
+
+    thumbq = median_ms(lambda: render(data, "image/heic", OPTS), runs)
+    full = median_ms(baseline, runs)
+    return {
+        "file": "4032x3024 HEIC (pillow-heif, quality 60)",
+        "file_bytes": len(data),
+        "thumbq_ms": thumbq,
+        "full_decode_lanczos_ms": full,
+        "speedup": round(full / thumbq, 2),
+        "target": ">= 2x",
+    }
+
+
+def bench_pptx(work: Path, decks: int) -> dict[str, Any]:
+    soffice = find_soffice()
+    if soffice is None:
+        return {"skipped": "LibreOffice (soffice) is not installed"}
+    files = [pptx_deck(i) for i in range(decks)]
+    started = time.perf_counter()
+    with RenderPool(RenderOptions(soffice=soffice), 1, 512) as pool:
+        for data in files:
+            pool.render(data, None, timeout_s=60)
+    reused_ms = (time.perf_counter() - started) * 1000
+    profile = (work / "lo-profile").as_uri()
+    convert = [soffice, f"-env:UserInstallation={profile}", "--headless", "--convert-to", "pdf"]
+    convert += ["--outdir", str(work / "out")]
+    # Warm the baseline's profile once, so that its first-start cost is not counted against it.
+    (work / "warm.pptx").write_bytes(files[0])
+    subprocess.run(
+        [*convert, str(work / "warm.pptx")],
+        check=True,
+        capture_output=True,
+    )
+    started = time.perf_counter()
+    for i, data in enumerate(files):
+        src = work / f"deck{i}.pptx"
+        src.write_bytes(data)
+        subprocess.run(
+            [*convert, str(src)],
+            check=True,
+            capture_output=True,
+        )
+        render((work / "out" / f"deck{i}.pdf").read_bytes(), "application/pdf", OPTS)
+    per_file_ms = (time.perf_counter() - started) * 1000
+    return {
+        "decks": decks,
+        "thumbq_reused_ms_per_deck": round(reused_ms / decks, 1),
+        "convert_to_per_file_ms_per_deck": round(per_file_ms / decks, 1),
+        "speedup": round(per_file_ms / reused_ms, 2),
+        "note": "thumbq's time includes starting its one LibreOffice; the baseline's profile "
+        "was created before timing",
+        "target": ">= 3x",
+    }
+
+
+def bench_sizes(runs: int) -> dict[str, Any]:
+    files = {
+        "jpeg_12mp": jpeg_12mp(),
+        "heic_12mp": heic_12mp(),
+        "slide_pdf": slide_pdf(1),
+        "png_screenshot": png_screenshot(1),
+    }
+    three = RenderOptions(sizes=(128, 256, 512))
+    singles = [RenderOptions(size=s) for s in (128, 256, 512)]
+    out: dict[str, Any] = {}
+    for name, data in files.items():
+        one = median_ms(lambda data=data: render(data, None, three), runs)
+        separate = median_ms(lambda data=data: [render(data, None, o) for o in singles], runs)
+        out[name] = {
+            "one_decode_ms": one,
+            "three_renders_ms": separate,
+            "speedup": round(separate / one, 2),
+        }
+    ratios = [v["speedup"] for v in out.values()]
+    out["geometric_mean_speedup"] = round(statistics.geometric_mean(ratios), 2)
+    out["lowest_speedup"] = min(ratios)
+    out["target"] = ">= 2x"
+    return out
+
+
+def _decode_only(item: tuple[str, bytes]) -> None:
+    """The floor: what any thumbnailer must do at least (no resize, encode or store)."""
+    kind, data = item
+    if kind == "pdf":
+        import pymupdf
+
+        doc = pymupdf.open(stream=data, filetype="pdf")
+        page = doc[0]
+        scale = 512 / max(page.rect.width, page.rect.height)
+        page.get_pixmap(matrix=pymupdf.Matrix(scale, scale), alpha=False)
+        doc.close()
+    else:
+        img = Image.open(io.BytesIO(data))
+        if img.format == "JPEG":
+            img.draft("RGB", (512, 512))
+        img.load()
+
+
+def mixed_corpus() -> list[tuple[str, str, bytes]]:
+    """(name, kind, bytes): slides, 12 MP photos, PNG screenshots and text PDFs, interleaved."""
+    return [
+        ("slide-1.pdf", "pdf", slide_pdf(1)),
+        ("photo-1.jpg", "jpeg", jpeg_12mp(1)),
+        ("screen-1.png", "png", png_screenshot(1)),
+        ("text-1.pdf", "pdf", text_pdf(1)),
+        ("slide-2.pdf", "pdf", slide_pdf(2)),
+        ("photo-2.jpg", "jpeg", jpeg_12mp(2)),
+        ("screen-2.png", "png", png_screenshot(2)),
+        ("text-2.pdf", "pdf", text_pdf(2)),
+    ]
+
+
+def bench_pipeline(work: Path, items: int, seconds: float) -> dict[str, Any]:
+    corpus = mixed_corpus()
+    # Floor: two processes decoding the corpus round and round for `seconds`.
+    decode_items = [(kind, data) for _, kind, data in corpus]
+    with multiprocessing.get_context("spawn").Pool(2) as procs:
+        procs.map(_decode_only, decode_items * 2)  # warm: imports, caches
+        done = 0
+        started = time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            procs.map(_decode_only, decode_items * 4, chunksize=1)
+            done += len(decode_items) * 4
+        floor_per_s = done / (time.perf_counter() - started)
+
+    url = scratch_database("thumbq_bench_formats")
+    home = work / "home"
+    config = Config.from_env(
+        {
+            "DATABASE_URL": url,
+            "THUMBQ_HOME": str(home),
+            "THUMBQ_STORAGE_URL": (home / "storage").as_uri(),
+            "THUMBQ_BUDGET_MS": "10000",
+            "THUMBQ_BUFFER_MS": "2000",
+            "THUMBQ_CONCURRENCY": "2",
+        }
+    )
+    storage = open_storage(config)
+    runs = []
+    with (
+        db.connect(url) as conn,
+        RenderPool(render_options(config), 2, config.render_memory_mb) as pool,
+    ):
+        for round_no in range(3):  # the first warms the pool and the predictor's history
+            group = f"mix{round_no}"
+            batch = []
+            for i in range(items):
+                name, _, data = corpus[i % len(corpus)]
+                key = f"{group}/{i:05d}-{name}"
+                storage.put(key, data, "")
+                batch.append({"source_key": key})
+            enqueue(conn, storage, config, batch, group)
+            conn.execute("analyze thumbq.jobs")
+            result = run_batch(config, conn, storage, pool)
+            conn.execute("select thumbq.cancel(%s)", [group])
+            runs.append(
+                {
+                    "succeeded": result.succeeded,
+                    "duration_ms": result.duration_ms,
+                    "stopped_reason": result.stopped_reason,
+                    "claimed": result.claimed,
+                    "per_busy_s": round(result.succeeded / (result.duration_ms / 1000), 1),
+                    "window_used": round(result.duration_ms / config.deadline_ms, 3),
+                }
+            )
+    measured = runs[1:]
+    per_s = statistics.median(r["per_busy_s"] for r in measured)
+    used = statistics.median(r["window_used"] for r in measured)
+    return {
+        "corpus": [name for name, _, _ in corpus],
+        "floor_decode_only_per_s": round(floor_per_s, 1),
+        "pipeline_per_busy_s": per_s,
+        "ratio": round(per_s / floor_per_s, 2),
+        "ratio_target": ">= 0.6",
+        "window_used": used,
+        "window_target": ">= 0.90",
+        "runs": runs,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--decks", type=int, default=8)
+    ap.add_argument("--items", type=int, default=1500)
+    ap.add_argument("--quick", action="store_true", help="few runs and files (development)")
+    ap.add_argument(
+        "--only", default="video,heic,pptx,sizes,pipeline", help="comma-separated sections"
+    )
+    args = ap.parse_args()
+    if args.quick:
+        args.runs, args.decks, args.items = 3, 3, 400
+    only = set(args.only.split(","))
+    load = os.getloadavg()
+    work = Path(tempfile.mkdtemp(prefix="thumbq-bench-formats-"))
+    result: dict[str, Any] = {"load_average_at_start": [round(x, 2) for x in load]}
+    try:
+        if "video" in only:
+            result["video"] = bench_video(work, args.runs)
+        if "heic" in only:
+            result["heic"] = bench_heic(args.runs)
+        if "pptx" in only:
+            result["pptx"] = bench_pptx(work, args.decks)
+        if "sizes" in only:
+            result["sizes"] = bench_sizes(args.runs)
+        if "pipeline" in only:
+            result["pipeline"] = bench_pipeline(work, args.items, 10.0)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    result["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    result["quick"] = args.quick
+    write_result("formats" if not args.quick else "formats_quick", result)
+
+
+if __name__ == "__main__":
+    main()

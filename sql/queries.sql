@@ -6,7 +6,7 @@ select job_id, source_key, source_etag, created, status
   from thumbq.enqueue_batch(%(items)s::jsonb, %(group_id)s, %(max_attempts)s)
 
 -- name: claim
-select thumbq.claim(%(worker_id)s, %(qty)s, %(vt_seconds)s, %(bucket)s) as result
+select thumbq.claim(%(worker_id)s, %(qty)s, %(vt_seconds)s, %(bucket)s, %(prepaid)s) as result
 
 -- name: complete
 select thumbq.complete(%(worker_id)s, %(results)s::jsonb) as completed
@@ -19,7 +19,10 @@ select thumbq.fail(%(worker_id)s, %(msg_id)s, %(job_id)s, %(error_code)s, %(mess
 select thumbq.release(%(worker_id)s, %(job_ids)s::bigint[], %(bucket)s) as released
 
 -- name: reap_stale
-select thumbq.reap_stale() as reset_count
+select thumbq.reap_stale(%(limit)s) as reset_count
+
+-- name: prune
+select thumbq.prune(%(days)s, %(limit)s) as result
 
 -- name: progress
 select * from thumbq.progress(%(group_id)s)

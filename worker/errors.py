@@ -11,6 +11,8 @@ CORRUPT_INPUT = "corrupt_input"
 ENCRYPTED_INPUT = "encrypted_input"
 TOO_LARGE = "too_large"
 SOURCE_MISSING = "source_missing"
+# A key enqueued without the API's checks (through SQL or RPC) that storage refuses.
+INVALID_KEY = "invalid_key"
 # Transient: the world may be different next time.
 STORAGE_ERROR = "storage_error"
 RENDER_TIMEOUT = "render_timeout"
@@ -19,7 +21,7 @@ INTERNAL = "internal"
 LEASE_EXPIRED = "lease_expired"
 
 PERMANENT_CODES = frozenset(
-    {UNSUPPORTED_TYPE, CORRUPT_INPUT, ENCRYPTED_INPUT, TOO_LARGE, SOURCE_MISSING}
+    {UNSUPPORTED_TYPE, CORRUPT_INPUT, ENCRYPTED_INPUT, TOO_LARGE, SOURCE_MISSING, INVALID_KEY}
 )
 TRANSIENT_CODES = frozenset({STORAGE_ERROR, RENDER_TIMEOUT, DB_ERROR, INTERNAL, LEASE_EXPIRED})
 

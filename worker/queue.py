@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from worker import db
+from worker import db, ratelimit
 from worker.retry import BACKOFF_BASE_S, BACKOFF_CAP_S
 
 
@@ -75,19 +75,41 @@ class Queue:
         )
 
     def claim(self, worker_id: str, qty: int, vt_seconds: int) -> Claim:
-        """Lease up to `qty` jobs under the rate limit."""
+        """Lease up to `qty` jobs under the rate limit.
+
+        The tokens are taken first, in a transaction of their own, so that concurrent claims
+        hold the bucket row only for that one statement, never for the whole claim; the claim
+        gives back what it could not use."""
+        prepaid = limited_by_bucket = False
+        retry_after_ms: int | None = None
+        if self.bucket is not None and qty > 0:
+            grant = ratelimit.take(self.conn, self.bucket, qty, partial=True)
+            if grant is not None:
+                if grant.taken == 0:
+                    return Claim([], True, grant.retry_after_ms)
+                prepaid = True
+                limited_by_bucket = grant.taken < qty
+                retry_after_ms = grant.retry_after_ms
+                qty = grant.taken
         row = db.one(
             self.conn,
             "claim",
-            {"worker_id": worker_id, "qty": qty, "vt_seconds": vt_seconds, "bucket": self.bucket},
+            {
+                "worker_id": worker_id,
+                "qty": qty,
+                "vt_seconds": vt_seconds,
+                "bucket": self.bucket,
+                "prepaid": prepaid,
+            },
         )
         assert row is not None
         r = row["result"]
-        return Claim(
-            [ClaimedJob.from_json(j) for j in r["jobs"]],
-            bool(r["rate_limited"]),
-            r.get("retry_after_ms"),
-        )
+        jobs = [ClaimedJob.from_json(j) for j in r["jobs"]]
+        if limited_by_bucket and int(r.get("read", 0)) >= qty:
+            # The bucket, not the queue, cut this claim short: say so, or the caller takes the
+            # short claim for a drained queue.
+            return Claim(jobs, True, retry_after_ms)
+        return Claim(jobs, bool(r["rate_limited"]), r.get("retry_after_ms"))
 
     def complete(self, worker_id: str, results: Iterable[Mapping[str, Any]]) -> int:
         """Record finished jobs (still leased by `worker_id`); returns how many changed."""
@@ -131,10 +153,16 @@ class Queue:
         )
         return int(row["released"]) if row else 0
 
-    def reap_stale(self) -> int:
-        """Reset `processing` jobs whose lease expired; returns how many."""
-        row = db.one(self.conn, "reap_stale")
+    def reap_stale(self, limit: int = 5000) -> int:
+        """Reset up to `limit` `processing` jobs whose lease expired; returns how many."""
+        row = db.one(self.conn, "reap_stale", {"limit": limit})
         return int(row["reset_count"]) if row else 0
+
+    def prune(self, days: int, limit: int = 5000) -> dict[str, int]:
+        """Delete one chunk of history older than `days` (finished jobs and their dead
+        letters, batch runs, archived messages); group summaries stay. Returns the counts."""
+        row = db.one(self.conn, "prune", {"days": days, "limit": limit})
+        return {k: int(v) for k, v in (row["result"] if row else {}).items()}
 
     def progress(self, group_id: str) -> dict[str, Any] | None:
         """The group's summary row with progress and ETA, or None for an unknown group."""

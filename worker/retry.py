@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import psycopg
 
-from worker.errors import DB_ERROR, INTERNAL, PERMANENT_CODES, ThumbqError
+from worker.errors import DB_ERROR, INTERNAL, INVALID_KEY, PERMANENT_CODES, InvalidKey, ThumbqError
 
 BACKOFF_BASE_S = 30
 BACKOFF_CAP_S = 15 * 60
@@ -29,6 +29,8 @@ def classify(exc: BaseException) -> Failure:
     """Map an exception raised while processing a job to a `Failure`."""
     if isinstance(exc, ThumbqError):
         return Failure(exc.code, exc.message, exc.code in PERMANENT_CODES)
+    if isinstance(exc, InvalidKey):
+        return Failure(INVALID_KEY, f"the source key cannot be stored: {exc}", True)
     if isinstance(exc, psycopg.Error):
         return Failure(DB_ERROR, f"database error: {exc}".strip(), False)
     return Failure(INTERNAL, f"{type(exc).__name__}: {exc}", False)

@@ -505,13 +505,26 @@ def _batch_op(method: str) -> dict[str, Any]:
 def _cleanup_op(method: str) -> dict[str, Any]:
     get = method == "get"
     return _op(
-        "Reset processing jobs whose lease expired." + (_CRON_GET if get else ""),
+        "Reset processing jobs whose lease expired, and prune finished jobs, batch runs and"
+        " archived messages older than THUMBQ_RETENTION_DAYS (group summaries stay)."
+        + (_CRON_GET if get else ""),
         {
             "200": _json(
                 {
                     "type": "object",
-                    "required": ["reset_count"],
-                    "properties": {"reset_count": {"type": "integer"}},
+                    "required": ["reset_count", "pruned"],
+                    "properties": {
+                        "reset_count": {"type": "integer"},
+                        "pruned": {
+                            "type": "object",
+                            "required": ["jobs", "batch_runs", "archived"],
+                            "properties": {
+                                "jobs": {"type": "integer"},
+                                "batch_runs": {"type": "integer"},
+                                "archived": {"type": "integer"},
+                            },
+                        },
+                    },
                 },
                 "Done.",
             ),

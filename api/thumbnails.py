@@ -267,14 +267,16 @@ def cancel() -> Response:
 
 @bp.route("/cleanup-stale", methods=["POST", "GET"])
 def cleanup_stale() -> Response:
-    """Reset `processing` jobs whose lease expired."""
+    """Reset `processing` jobs whose lease expired and prune history past retention."""
     st = state()
     require_admin(st.config)
     v.check_fields(_cron_params())
+    from worker.service import cleanup_stale as cleanup
+
     with st.connection() as conn:
-        n = _queue(conn).reap_stale()
+        result = cleanup(conn, st.config)
     st.progress_cache.forget()
-    return json_response({"reset_count": n})
+    return json_response(result)
 
 
 @bp.get("/jobs/<job_id>")

@@ -261,9 +261,15 @@ def test_cleanup_stale_resets_expired_leases(client: FlaskClient, conn: db.Conn)
     Queue(conn).claim("w", 2, 60)
     conn.execute("update thumbq.jobs set lease_expires_at = now() - interval '1 minute'")
     resp = client.post("/api/thumbnails/cleanup-stale", headers=ADMIN)
-    assert resp.status_code == 200 and resp.get_json() == {"reset_count": 2}
+    assert resp.status_code == 200 and resp.get_json() == {
+        "reset_count": 2,
+        "pruned": {"jobs": 0, "batch_runs": 0, "archived": 0},
+    }
     resp = client.post("/api/thumbnails/cleanup-stale", json={}, headers=ADMIN)
-    assert resp.get_json() == {"reset_count": 0}
+    assert resp.get_json() == {
+        "reset_count": 0,
+        "pruned": {"jobs": 0, "batch_runs": 0, "archived": 0},
+    }
 
 
 def test_job_route_returns_one_job_404_for_unknown_and_400_for_non_ids(
@@ -567,7 +573,8 @@ def test_vercel_cron_calls_with_get_and_its_cron_secret(db_url: str, tmp_path: P
     resp = client.get("/api/thumbnails/batch-generate?budget_ms=3000&max_items=2", headers=cron)
     assert resp.status_code == 200 and resp.get_json()["budget_ms"] == 3000
     assert client.get("/api/thumbnails/cleanup-stale", headers=cron).get_json() == {
-        "reset_count": 0
+        "reset_count": 0,
+        "pruned": {"jobs": 0, "batch_runs": 0, "archived": 0},
     }
     for query, code in (
         ("budget_ms=abc", "invalid_request"),

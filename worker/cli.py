@@ -138,7 +138,9 @@ def cmd_cancel(config: Config, args: argparse.Namespace) -> int:
 
 def cmd_cleanup_stale(config: Config, args: argparse.Namespace) -> int:
     with _connect(config) as conn:
-        _print_json({"reset_count": _queue(config, conn).reap_stale()})
+        from worker.service import cleanup_stale
+
+        _print_json(cleanup_stale(conn, config))
     return 0
 
 

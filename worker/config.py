@@ -113,6 +113,9 @@ class Config:
     max_bytes: int = 100 * 1024 * 1024
     render_memory_mb: int = 320  # default_render_memory_mb(2)
     rate_bucket: str = "thumbnail_generation"
+    # Finished jobs, batch runs and archived messages older than this are pruned by
+    # cleanup-stale (0 keeps everything); group summaries stay.
+    retention_days: int = 30
     # How long one process reuses a progress answer for a group (0: read the database each time).
     progress_cache_ms: int = 500
     # How long one process trusts RLS's "this user may see this group" (a "may not" is kept only
@@ -199,6 +202,7 @@ class Config:
                 hi=65_536,
             ),
             rate_bucket=env.get("THUMBQ_RATE_BUCKET") or "thumbnail_generation",
+            retention_days=_int(env, "THUMBQ_RETENTION_DAYS", 30, lo=0, hi=36_500),
             progress_cache_ms=_int(env, "THUMBQ_PROGRESS_CACHE_MS", 500, lo=0, hi=60_000),
             access_cache_ms=_int(env, "THUMBQ_ACCESS_CACHE_MS", 30_000, lo=0, hi=3_600_000),
             api_url=(env.get("THUMBQ_API_URL") or "http://127.0.0.1:8000").rstrip("/"),

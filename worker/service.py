@@ -1,7 +1,8 @@
-"""Engine operations shared by the CLI and the HTTP API: enqueue with etags, backfill."""
+"""Engine operations shared by the CLI and the HTTP API: enqueue with etags, backfill, cleanup."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,8 @@ if TYPE_CHECKING:
 
 THUMBNAIL_PREFIX = "thumbnails/"
 ENQUEUE_CHUNK = 1000
+# Retention deletes in chunks this size, each its own short transaction.
+PRUNE_CHUNK = 5000
 
 
 def enqueue(
@@ -104,3 +107,29 @@ def backfill(
         "existing": result["existing"],
         "group_id": group_id,
     }
+
+
+def cleanup_stale(
+    conn: db.Conn, config: Config, *, time_limit_ms: int | None = None
+) -> dict[str, Any]:
+    """Reset expired leases and prune history past `THUMBQ_RETENTION_DAYS`, in bounded chunks.
+
+    Stops pruning when `time_limit_ms` (default: the batch's work window) has passed; what is
+    left is pruned by the next call."""
+    queue = Queue(conn)
+    limit_s = (time_limit_ms if time_limit_ms is not None else config.deadline_ms) / 1000
+    started = time.monotonic()
+    reset = 0
+    while True:
+        n = queue.reap_stale(PRUNE_CHUNK)
+        reset += n
+        if n < PRUNE_CHUNK or time.monotonic() - started >= limit_s:
+            break
+    pruned = {"jobs": 0, "batch_runs": 0, "archived": 0}
+    while config.retention_days > 0 and time.monotonic() - started < limit_s:
+        chunk = queue.prune(config.retention_days, PRUNE_CHUNK)
+        for k in pruned:
+            pruned[k] += chunk.get(k, 0)
+        if max(chunk.values(), default=0) < PRUNE_CHUNK:
+            break
+    return {"reset_count": reset, "pruned": pruned}

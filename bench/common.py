@@ -8,6 +8,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,8 @@ import psycopg
 from psycopg.conninfo import make_conninfo
 
 from worker import db
+from worker.render import Thumbnail
+from worker.storage import ObjectInfo
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -68,3 +71,39 @@ def write_result(name: str, result: dict[str, Any]) -> None:
     text = json.dumps(result, indent=2, default=str)
     (RESULTS / f"{name}.json").write_text(text + "\n")
     print(text)
+
+
+class NoopStorage:
+    """Storage that holds nothing and costs nothing: isolates the engine's own overhead."""
+
+    url = "noop://"
+
+    def head(self, key: str) -> ObjectInfo:
+        return ObjectInfo(key, "e", 1)
+
+    def get(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, ObjectInfo]:
+        return b"x", ObjectInfo(key, "e", 1)
+
+    def put(self, key: str, data: bytes, content_type: str) -> ObjectInfo:
+        return ObjectInfo(key, "t", len(data))
+
+    def exists(self, key: str) -> bool:
+        return False
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        return iter(())
+
+
+class NoopPool:
+    """A renderer that does nothing, or only waits `sleep_ms` (an I/O-bound handler: no CPU)."""
+
+    def __init__(self, sleep_ms: float = 0.0) -> None:
+        self.sleep_s = sleep_ms / 1000
+
+    def render(self, data: bytes, declared_type: str | None, *, timeout_s: float) -> Thumbnail:
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        return Thumbnail(b"t", "image/webp", 1, 1, "image/jpeg")
+
+    def close(self) -> None:
+        pass

@@ -15,47 +15,15 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Iterator
 from typing import Any
 
-from bench.common import median, scratch_database, write_result
+from bench.common import NoopPool, NoopStorage, median, scratch_database, write_result
 from worker import db
 from worker.batch import run_batch
 from worker.config import Config
 from worker.queue import Queue
-from worker.render import Thumbnail
-from worker.storage import ObjectInfo
 
 BATCH = 50
-
-
-class NoopStorage:
-    """Storage that holds nothing and costs nothing: isolates the engine's own overhead."""
-
-    url = "noop://"
-
-    def head(self, key: str) -> ObjectInfo:
-        return ObjectInfo(key, "e", 1)
-
-    def get(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, ObjectInfo]:
-        return b"x", ObjectInfo(key, "e", 1)
-
-    def put(self, key: str, data: bytes, content_type: str) -> ObjectInfo:
-        return ObjectInfo(key, "t", len(data))
-
-    def exists(self, key: str) -> bool:
-        return False
-
-    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        return iter(())
-
-
-class NoopPool:
-    def render(self, data: bytes, declared_type: str | None, *, timeout_s: float) -> Thumbnail:
-        return Thumbnail(b"t", "image/webp", 1, 1, "image/jpeg")
-
-    def close(self) -> None:
-        pass
 
 
 def fill_raw(conn: db.Conn, n: int) -> None:

@@ -95,32 +95,16 @@ alter table thumbq.storage_sources enable row level security;
 grant all on thumbq.storage_sources to service_role;
 
 -- Cancel the waiting (pending) jobs of one source key: its object is gone. A job already
--- processing finishes as the batch finds it (source_missing). The job row, then the message: the
--- lock order of thumbq.cancel.
+-- processing finishes as the batch finds it (source_missing).
 create or replace function thumbq.cancel_source(p_source_key text,
                                                 p_reason text default 'the object was removed')
 returns integer
-language plpgsql
+language sql
 as $$
-declare
-  v_msgs bigint[];
-  v_count integer;
-begin
-  with u as (
-    update thumbq.jobs j
-       set status = 'cancelled', error_code = 'source_missing', last_error = p_reason,
-           completed_at = clock_timestamp(), updated_at = clock_timestamp(),
-           lease_expires_at = null
-     where j.source_key = p_source_key and j.status = 'pending'
-    returning j.msg_id
-  )
-  select array_agg(u.msg_id) filter (where u.msg_id is not null), count(*)
-    into v_msgs, v_count from u;
-  if v_msgs is not null then
-    perform pgmq.delete('thumbq_jobs', v_msgs);
-  end if;
-  return v_count;
-end
+  -- cancel_jobs (010) keeps the one lock order: job rows, then messages, then group rows.
+  select thumbq.cancel_jobs(array(select j.id from thumbq.jobs j
+                                   where j.source_key = p_source_key and j.status = 'pending'),
+                            'source_missing', p_reason)
 $$;
 revoke all on function thumbq.cancel_source(text, text) from public, anon, authenticated;
 
@@ -269,7 +253,7 @@ $$;
 revoke all on function thumbq.unwatch_storage(text, text) from public, anon, authenticated;
 
 insert into thumbq.schema_migrations (version, checksum)
-values ('012_storage_trigger', 'e1b67000106bd81845046c31cf9868f6a6734203fa1de369d8c96566a097f508')
+values ('012_storage_trigger', 'cd1454cff6e202f044d1a3a05ce114587ede34a5014e1f58005ebe58685e546f')
 on conflict (version) do update set checksum = excluded.checksum, applied_at = clock_timestamp();
 
 commit;

@@ -1,6 +1,6 @@
 // The thumbq progress page: polls GET /api/thumbnails/progress honouring poll_after_ms and its
-// ETag, or follows the group's row with Supabase Realtime when configured, falling back to
-// polling when that fails. Job data is only ever written with textContent, never as HTML.
+// ETag, or follows the group's private Realtime topic when configured (with the user's own
+// token), falling back to polling when that fails or stays silent. Job data is only ever written with textContent, never as HTML.
 (function () {
   "use strict";
 
@@ -8,7 +8,7 @@
   const MIN_POLL_MS = 250;
   const MAX_POLL_MS = 60000;
   const ERROR_BACKOFF_MS = [1000, 2000, 4000, 8000, 15000, 30000, 60000];
-  // With Realtime live, polling is only a backstop for missed or undelivered events.
+  // Once Realtime has delivered the group's changes, polling is only a backstop for missed ones.
   const REALTIME_BACKSTOP_MS = 15000;
   const REALTIME_FETCH_GAP_MS = 300;
   const FAILURES_LIMIT = 20;
@@ -32,6 +32,8 @@
     last: null,
     failuresSig: null,
     realtime: "off", // off | connecting | live | failed
+    realtimeHeard: false, // Realtime announced a change: polling may slow to the backstop
+    realtimeAnnounced: false, // the next answer was asked for because Realtime announced it
     lastRealtimeFetch: 0,
     stopped: false,
   };
@@ -192,7 +194,10 @@
 
   function nextDelay() {
     const ms = state.pollAfterMs;
-    return state.realtime === "live" ? Math.max(ms, REALTIME_BACKSTOP_MS) : ms;
+    // A subscription alone proves nothing (a topic the user may not receive, broadcasts not
+    // set up): only a channel that has delivered a change lets polling slow down.
+    const trusted = state.realtime === "live" && state.realtimeHeard;
+    return trusted ? Math.max(ms, REALTIME_BACKSTOP_MS) : ms;
   }
 
   async function poll() {
@@ -233,6 +238,10 @@
       state.errors = 0;
       state.etag = resp.headers.get("ETag");
       state.pollAfterMs = Number(p.poll_after_ms) || hinted || 1000;
+      // A change that Realtime did not announce: it is not delivering, so poll at the
+      // endpoint's own pace again.
+      if (state.last && !state.realtimeAnnounced) state.realtimeHeard = false;
+      state.realtimeAnnounced = false;
       state.last = p;
       showMessage("");
       $("key-form").hidden = true;
@@ -267,7 +276,7 @@
   }
 
   function modeForPolling() {
-    if (state.realtime === "live") setMode("live (Realtime)", "live");
+    if (state.realtime === "live" && state.realtimeHeard) setMode("live (Realtime)", "live");
     else setMode("polling every " + (state.pollAfterMs / 1000).toFixed(1) + " s", "");
   }
 
@@ -494,6 +503,12 @@
 
   async function startRealtime() {
     if (!cfg.supabase_url || !cfg.supabase_anon_key || !cfg.supabase_js_url) return;
+    // The group's topic is private, authorised per user (RLS on realtime.messages): only a
+    // user's access token can join it. With the admin secret, a page token or no key the anon
+    // key would join nothing, so the page just polls.
+    const key = getKey();
+    if (state.realtime !== "off") return;
+    if (!looksLikeJwt(key)) return setRealtime("off");
     setRealtime("connecting");
     let mod;
     try {
@@ -505,16 +520,11 @@
       const client = mod.createClient(cfg.supabase_url, cfg.supabase_anon_key, {
         auth: { persistSession: false, autoRefreshToken: false },
       });
-      const key = getKey();
-      // Realtime applies RLS with the user's JWT; the admin secret is no JWT and is not sent.
-      if (looksLikeJwt(key)) client.realtime.setAuth(key);
+      await client.realtime.setAuth(key); // joins as the user, not as anon
+      // sql/006_realtime.sql broadcasts every change of the group's row to this topic.
       client
-        .channel("thumbq-group-" + groupId)
-        .on(
-          "postgres_changes",
-          { event: "*", schema: "thumbq", table: "groups", filter: "group_id=eq." + groupId },
-          onRealtimeChange
-        )
+        .channel("thumbq:group:" + groupId, { config: { private: true } })
+        .on("broadcast", { event: "progress" }, onRealtimeChange)
         .subscribe((status) => {
           if (status === "SUBSCRIBED") {
             setRealtime("live");
@@ -543,6 +553,8 @@
 
   function onRealtimeChange() {
     // The event says the row changed; the endpoint gives the same shape as polling (with ETA).
+    state.realtimeHeard = true;
+    state.realtimeAnnounced = true;
     const now = Date.now();
     const wait = Math.max(0, state.lastRealtimeFetch + REALTIME_FETCH_GAP_MS - now);
     state.lastRealtimeFetch = now + wait;
@@ -564,6 +576,7 @@
       state.etag = null;
       state.failuresSig = null;
       poll();
+      startRealtime(); // a user's token entered now may join the group's topic
     });
     if (!groupId) {
       $("group-form").hidden = false;

@@ -357,3 +357,18 @@ def test_a_jwks_verified_users_polls_are_answered_before_flask_over_http(
         forged = SigningKey("key-es", "ES256").token()
         assert call("GET", server.url + URL, forged)[0] == 401
         assert len(reached_flask) == 2
+
+
+def test_the_jwks_location_comes_from_supabase_url_or_thumbq_jwks_url(tmp_path: Any) -> None:
+    from worker.config import ConfigError
+
+    home = {"THUMBQ_HOME": str(tmp_path)}
+    derived = Config.from_env(home | {"SUPABASE_URL": "https://ref.supabase.co/"})
+    assert derived.jwks_url == "https://ref.supabase.co/auth/v1/.well-known/jwks.json"
+    override = Config.from_env(
+        home | {"SUPABASE_URL": "https://ref.supabase.co", "THUMBQ_JWKS_URL": "https://a/k.json"}
+    )
+    assert override.jwks_url == "https://a/k.json"
+    assert Config.from_env(home).jwks_url is None  # HS256 only, as before
+    with pytest.raises(ConfigError, match="THUMBQ_JWKS_URL must be an http"):
+        Config.from_env(home | {"THUMBQ_JWKS_URL": "file:///etc/keys.json"})

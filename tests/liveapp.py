@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import socket
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -98,3 +100,18 @@ def wait_until(cond: Callable[[], Any], timeout_s: float, every_s: float = 0.1) 
             return value
         time.sleep(every_s)
     raise AssertionError(f"condition not met within {timeout_s} s (last value: {value!r})")
+
+
+def wait_listening(proc: subprocess.Popen[str], port: int, timeout_s: float = 30) -> None:
+    """Wait until the process `proc` (a server being started) accepts connections on `port`
+    of 127.0.0.1; fail with its stderr when it exits first."""
+
+    def up() -> bool:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else "it exited"
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        except OSError:
+            return False
+        return True
+
+    wait_until(up, timeout_s, 0.1)

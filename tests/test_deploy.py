@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.liveapp import call, put_samples, wait_until
+from tests.liveapp import call, put_samples, wait_listening
+from tests.pgbouncer import free_port
 from worker.config import Config
 from worker.storage import open_storage
 
@@ -47,16 +47,10 @@ make_server("127.0.0.1", port, module.app, server_class=Server, handler_class=Qu
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def vercel_function(db_url: str, tmp_path: Path) -> Iterator[tuple[str, Config]]:
     """api/index.py served as Vercel would, with the environment a Vercel project sets."""
-    port = _free_port()
+    port = free_port()
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "DATABASE_URL": db_url,
@@ -75,19 +69,9 @@ def vercel_function(db_url: str, tmp_path: Path) -> Iterator[tuple[str, Config]]
         stderr=subprocess.PIPE,
         text=True,
     )
-    url = f"http://127.0.0.1:{port}"
-
-    def listening() -> bool:
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        except OSError:
-            return False
-        return True
-
     try:
-        wait_until(listening, 30, 0.1)
-        yield url, Config.from_env(env)
+        wait_listening(proc, port)
+        yield f"http://127.0.0.1:{port}", Config.from_env(env)
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)

@@ -13,10 +13,8 @@ import base64
 import hashlib
 import hmac
 import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import jwt
@@ -27,6 +25,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from api import create_app
+from tests.httpstub import Answer, HttpStub, Request
 from tests.liveapp import call, live_app
 from worker import db
 from worker.config import Config
@@ -68,40 +67,28 @@ class SigningKey:
 
 
 class JwksServer:
-    """Serves `keys` as the project's JWKS over HTTP and counts the fetches."""
+    """Serves `keys` as the project's JWKS over HTTP (503 while `down`), counting the fetches."""
 
     def __init__(self) -> None:
         self.keys: list[SigningKey] = []
-        self.fetches = 0
         self.down = False
-        outer = self
+        self.http = HttpStub(self._answer)
+        self.url = self.http.url
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                if self.path != JWKS_PATH:
-                    self.send_error(404)
-                    return
-                outer.fetches += 1
-                if outer.down:
-                    self.send_error(503)
-                    return
-                body = json.dumps({"keys": [k.jwk for k in outer.keys]}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+    def _answer(self, req: Request) -> Answer:
+        if req.path != JWKS_PATH:
+            return 404, {}, b""
+        if self.down:
+            return 503, {}, b""
+        body = json.dumps({"keys": [k.jwk for k in self.keys]}).encode()
+        return 200, {"Content-Type": "application/json"}, body
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+    @property
+    def fetches(self) -> int:
+        return sum(1 for r in self.http.requests if r.path == JWKS_PATH)
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.http.close()
 
 
 @pytest.fixture

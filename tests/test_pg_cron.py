@@ -14,20 +14,19 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.liveapp import call, put_samples, wait_until
+from tests.httpstub import HttpStub
+from tests.liveapp import call, put_samples, wait_listening, wait_until
+from tests.pgbouncer import free_port
 from tests.pgtools import (
     PG15_BIN,
     require,
@@ -52,12 +51,6 @@ create view vault.decrypted_secrets as select name, secret as decrypted_secret f
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _as_postgres(cmd: str) -> None:
     subprocess.run(["su", "postgres", "-s", "/bin/bash", "-c", cmd], check=True, timeout=60)
 
@@ -76,7 +69,7 @@ def cron_cluster_url() -> Iterator[str]:
     pw = pwd.getpwnam("postgres")
     base = Path(tempfile.mkdtemp(prefix="thumbq-cron-"))
     os.chown(base, pw.pw_uid, pw.pw_gid)
-    data, port = base / "data", _free_port()
+    data, port = base / "data", free_port()
     _as_postgres(f"{PG15_BIN}/initdb -D {data} -U postgres --auth=trust -E UTF8 >/dev/null")
     with (data / "postgresql.conf").open("a") as f:
         f.write(
@@ -149,42 +142,10 @@ def test_the_migrations_schedule_batch_and_cleanup_once_with_the_real_extensions
     assert not any(r["ok"] for r in may_call), "API roles must not trigger batches or read secrets"
 
 
-class Recorder:
-    """An HTTP server on loopback that records each request pg_net sends it."""
-
-    def __init__(self) -> None:
-        self.requests: list[dict[str, Any]] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                outer.requests.append(
-                    {"path": self.path, "headers": dict(self.headers), "body": body}
-                )
-                answer = b'{"ok": true}'
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 def test_call_api_posts_with_pg_net_to_the_vault_url_with_the_bearer_secret(
     cron_cluster_url: str,
 ) -> None:
-    recorder = Recorder()
+    recorder = HttpStub(lambda _: (200, {"Content-Type": "application/json"}, b'{"ok": true}'))
     try:
         with db.connect(cron_cluster_url) as conn:
             _secrets(conn, thumbq_api_url=recorder.url + "/", thumbq_cron_secret="s3cret-value")
@@ -202,14 +163,14 @@ def test_call_api_posts_with_pg_net_to_the_vault_url_with_the_bearer_secret(
         recorder.close()
     assert response == {"status_code": 200, "content": '{"ok": true}'}
     [req] = recorder.requests
-    assert req["path"] == "/api/thumbnails/cleanup-stale"
-    assert req["headers"]["Authorization"] == "Bearer s3cret-value"
-    assert req["headers"]["Content-Type"] == "application/json"
-    assert json.loads(req["body"]) == {}
+    assert (req.method, req.path) == ("POST", "/api/thumbnails/cleanup-stale")
+    assert req.headers["Authorization"] == "Bearer s3cret-value"
+    assert req.headers["Content-Type"] == "application/json"
+    assert json.loads(req.body) == {}
 
 
 def _serve(tmp_path: Path, url: str, secret: str) -> tuple[subprocess.Popen[str], str, Config]:
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "DATABASE_URL": url,
@@ -228,18 +189,8 @@ def _serve(tmp_path: Path, url: str, secret: str) -> tuple[subprocess.Popen[str]
         stderr=subprocess.PIPE,
         text=True,
     )
-    api = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        except OSError:
-            return False
-        return True
-
-    wait_until(up, 30, 0.1)
-    return proc, api, Config.from_env(env)
+    wait_listening(proc, port)
+    return proc, f"http://127.0.0.1:{port}", Config.from_env(env)
 
 
 @pytest.mark.slow

@@ -13,13 +13,13 @@ import io
 import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import jwt
 import pytest
 
+from tests.httpstub import HttpStub
 from tests.liveapp import live_app, wait_until
 from tests.pgtools import require
 from tests.realtime_stub import RealtimeStub
@@ -72,23 +72,10 @@ def supabase_js() -> Iterator[str]:
         SUPABASE_JS.read_text(encoding="utf-8") + "\nexport const { createClient } = supabase;\n"
     ).encode()
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "text/javascript")
-            self.send_header("Access-Control-Allow-Origin", "*")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/supabase-js.mjs"
-    httpd.shutdown()
-    httpd.server_close()
+    headers = {"Content-Type": "text/javascript", "Access-Control-Allow-Origin": "*"}
+    server = HttpStub(lambda _: (200, headers, body))
+    yield f"{server.url}/supabase-js.mjs"
+    server.close()
 
 
 def _page_config(config: Config, stub: RealtimeStub, js_url: str) -> Config:

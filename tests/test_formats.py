@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from PIL import Image, ImageDraw, ImageStat
@@ -26,6 +27,7 @@ from PIL import Image, ImageDraw, ImageStat
 from tests import corpus
 from tests import formats_corpus as fc
 from tests.corpus import BLUE, GREEN, RED
+from tests.test_progress_page import browser  # noqa: F401  (a fixture: headless chromium)
 from worker import db
 from worker.batch import run_batch, thumbnail_key
 from worker.config import Config, ConfigError
@@ -205,6 +207,31 @@ def test_the_dominant_colour_is_the_largest_area_not_the_average() -> None:
     logo = Image.new("RGBA", (30, 30), (255, 255, 255, 0))
     ImageDraw.Draw(logo).rectangle((10, 10, 15, 15), fill=(*GREEN, 255))
     assert dominant_color(logo) == "#{:02x}{:02x}{:02x}".format(*GREEN)
+
+
+def test_the_progress_pages_thumbhash_decoder_gives_back_the_pictures_shape_and_colours(
+    browser: Any,  # noqa: F811
+) -> None:
+    # The grid shows this decoder's picture while a thumbnail loads (api/static/thumbhash.js).
+    thumb = render(fc.psd_image(), None, OPTS)  # portrait 2:3, red over blue
+    assert thumb.thumbhash is not None
+    script = (Path(__file__).parent.parent / "api" / "static" / "thumbhash.js").read_text()
+    browser.get("about:blank")
+    w, h, rgba = browser.execute_script(
+        script + "; const p = window.thumbhash.toRGBA(arguments[0]);"
+        "return [p.w, p.h, Array.from(p.rgba)];",
+        thumb.thumbhash,
+    )
+    # Portrait, within the 32 px a decoded ThumbHash spans (its aspect is coarse: 5:7 for 2:3).
+    assert h == 32 and 18 <= w <= 24, (w, h)
+
+    def pixel(x: int, y: int) -> tuple[int, int, int]:
+        i = 4 * (y * w + x)
+        return rgba[i], rgba[i + 1], rgba[i + 2]
+
+    top, bottom = pixel(w // 2, 3), pixel(w // 2, h - 4)
+    assert top[0] > 150 and top[2] < 110, top
+    assert bottom[2] > 150 and bottom[0] < 110, bottom
 
 
 # -- office documents without LibreOffice ----------------------------------------------------------

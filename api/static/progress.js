@@ -383,10 +383,19 @@
     li.dataset.job = String(item.job_id);
     const frame = document.createElement("div");
     frame.className = "frame";
-    // Placeholder while the image loads: the dominant colour where the job records one.
-    // (A ThumbHash, `item.thumbhash`, could be decoded into a blurred preview here.)
+    // Placeholders while the image loads: the dominant colour where the job records one, and
+    // over it the job's ThumbHash decoded into a blurred picture of the thumbnail's shape.
     if (COLOR_RE.test(String(item.dominant_color || ""))) {
       frame.style.backgroundColor = item.dominant_color;
+    }
+    const preview =
+      item.thumbhash && window.thumbhash ? window.thumbhash.canvas(item.thumbhash) : null;
+    if (preview) {
+      preview.className = "placeholder";
+      const ratio = preview.width / preview.height;
+      preview.style.width = ratio >= 1 ? "100%" : (100 * ratio).toFixed(1) + "%";
+      preview.style.height = ratio >= 1 ? (100 / ratio).toFixed(1) + "%" : "100%";
+      frame.append(preview);
     }
     const img = document.createElement("img");
     img.loading = "lazy";
@@ -401,6 +410,7 @@
       li.dataset.failed = "1";
       gallery.sig = null;
     });
+    if (preview) img.addEventListener("load", () => preview.remove(), { once: true });
     setImageUrl(img, item.url);
     frame.append(img);
     const name = document.createElement("div");

@@ -11,11 +11,9 @@ documents need LibreOffice: without `soffice` those tests are skipped with the r
 from __future__ import annotations
 
 import base64
-import http.server
 import io
 import random
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +25,7 @@ from PIL import Image, ImageDraw, ImageStat
 from tests import corpus
 from tests import formats_corpus as fc
 from tests.corpus import BLUE, GREEN, RED
+from tests.httpstub import HttpStub
 from tests.test_progress_page import browser  # noqa: F401  (a fixture: headless chromium)
 from worker import db
 from worker.batch import run_batch, thumbnail_key
@@ -347,45 +346,16 @@ def test_an_office_document_whose_conversion_overruns_shows_its_embedded_thumbna
 # -- hostile files ---------------------------------------------------------------------------------
 
 
-class RecordingServer:
-    """A local HTTP server that records every request it gets (and answers each with a PNG)."""
-
-    def __init__(self) -> None:
-        self.requests: list[str] = []
-        recorder = self.requests
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                recorder.append(self.path)
-                body = fc.quadrant_png(8, 8)
-                self.send_response(200)
-                self.send_header("Content-Type", "image/png")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 @pytest.fixture
-def http_recorder() -> Iterator[RecordingServer]:
-    server = RecordingServer()
-    yield server
-    server.close()
+def http_recorder() -> Iterator[HttpStub]:
+    """A loopback server that records every request (and answers each with a PNG)."""
+    stub = HttpStub(lambda _req: (200, {"Content-Type": "image/png"}, fc.quadrant_png(8, 8)))
+    yield stub
+    stub.close()
 
 
 def test_an_svg_fetches_nothing_and_reads_no_local_file(
-    pool: RenderPool, http_recorder: RecordingServer, tmp_path: Path
+    pool: RenderPool, http_recorder: HttpStub, tmp_path: Path
 ) -> None:
     secret = tmp_path / "secret.png"
     Image.new("RGB", (50, 50), RED).save(secret)
@@ -393,7 +363,7 @@ def test_an_svg_fetches_nothing_and_reads_no_local_file(
     import urllib.request
 
     urllib.request.urlopen(http_recorder.url + "/probe").read()
-    assert http_recorder.requests == ["/probe"]
+    assert [r.path for r in http_recorder.requests] == ["/probe"]
     http_recorder.requests.clear()
 
     svg = fc.svg_with_references(http_recorder.url, str(secret))

@@ -385,8 +385,8 @@ HOSTILE = {
     # name: (maker, code, what the message must say)
     "svg_billion_laughs": (fc.svg_billion_laughs, TOO_LARGE, "entities"),
     "mkv_16000x16000": (lambda: fc.mkv_huge_header(16_000, 16_000), TOO_LARGE, "pixels"),
-    # FFmpeg itself refuses a frame of 10^10 pixels and reports no size at all.
-    "mkv_100000x100000": (fc.mkv_huge_header, CORRUPT_INPUT, "frame size"),
+    # FFmpeg itself refuses a frame of 10^10 pixels and reports no size; Matroska's header names it.
+    "mkv_100000x100000": (fc.mkv_huge_header, TOO_LARGE, "10,000,000,000 pixels"),
     "pptx_zip_bomb": (fc.pptx_zip_bomb, TOO_LARGE, "compression bomb"),
     "heic_100000x100000": (fc.heic_huge_header, TOO_LARGE, "10000000000"),
 }

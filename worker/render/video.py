@@ -15,6 +15,7 @@ from PIL import Image, ImageStat
 from worker.errors import CORRUPT_INPUT, TOO_LARGE, UNSUPPORTED_TYPE, ThumbqError
 from worker.render import RenderOptions, Thumbnail
 from worker.render.output import finish, fit_inside
+from worker.render.sniff import MKV, WEBM
 
 # Where in the video to look first (a fraction of its duration).
 SEEK_FRACTION = 0.10
@@ -37,13 +38,15 @@ def render_video(data: bytes, source_type: str, opts: RenderOptions) -> Thumbnai
     except av.error.FFmpegError as exc:
         raise ThumbqError(CORRUPT_INPUT, f"video cannot be opened: {_reason(exc)}") from None
     try:
-        frame = _pick_frame(container, source_type, opts)
+        frame = _pick_frame(container, data, source_type, opts)
     finally:
         container.close()
     return finish(frame, opts, source_type, degraded=opts.degraded)
 
 
-def _pick_frame(container: object, source_type: str, opts: RenderOptions) -> Image.Image:
+def _pick_frame(
+    container: object, data: bytes, source_type: str, opts: RenderOptions
+) -> Image.Image:
     import av
 
     assert isinstance(container, av.container.InputContainer)
@@ -53,12 +56,17 @@ def _pick_frame(container: object, source_type: str, opts: RenderOptions) -> Ima
     ctx = stream.codec_context
     width, height = ctx.width, ctx.height
     if width <= 0 or height <= 0:
-        # FFmpeg zeroes a declared size it refuses (over about 268 million pixels) or lacks.
-        raise ThumbqError(
-            CORRUPT_INPUT,
-            f"{source_type} declares no frame size FFmpeg accepts (zero, or far over "
-            f"{opts.max_pixels:,} pixels)",
-        )
+        # FFmpeg zeroes a declared size it refuses (over about 268 million pixels) or lacks;
+        # Matroska's header still says which it was.
+        declared = matroska_frame_size(data) if source_type in (WEBM, MKV) else None
+        if declared and declared[0] * declared[1] > opts.max_pixels:
+            raise ThumbqError(
+                TOO_LARGE,
+                f"video declares {declared[0]}x{declared[1]} = "
+                f"{declared[0] * declared[1]:,} pixels a frame, over the limit of "
+                f"{opts.max_pixels:,}",
+            )
+        raise ThumbqError(CORRUPT_INPUT, f"{source_type} declares no usable frame size")
     if width * height > opts.max_pixels:
         raise ThumbqError(
             TOO_LARGE,
@@ -141,3 +149,53 @@ def _scaled(frame: object, sar: object, opts: RenderOptions) -> Image.Image:
 
 def _reason(exc: BaseException) -> str:
     return (str(exc).strip() or type(exc).__name__)[:200]
+
+
+# Matroska elements on the way from the file to a video track's frame size.
+_SEGMENT, _TRACKS, _TRACK_ENTRY, _VIDEO = 0x18538067, 0x1654AE6B, 0xAE, 0xE0
+_PIXEL_WIDTH, _PIXEL_HEIGHT = 0xB0, 0xBA
+# The track headers sit near the start; a walk reads no further than this.
+_MATROSKA_HEADER_BYTES = 1024 * 1024
+
+
+def matroska_frame_size(data: bytes) -> tuple[int, int] | None:
+    """The first video track's PixelWidth x PixelHeight as a Matroska/WebM file declares them,
+    or None (FFmpeg gives no size at all when it refuses one, so the error can name it)."""
+    view = data[:_MATROSKA_HEADER_BYTES]
+    found: dict[int, int] = {}
+
+    def walk(start: int, end: int, depth: int) -> None:
+        pos = start
+        while pos < end and depth < 6 and len(found) < 2:
+            element, pos = _vint(view, pos, keep_marker=True)
+            size, pos = _vint(view, pos, keep_marker=False)
+            if element < 0 or size < -1:
+                return
+            body_end = end if size == -1 else min(pos + size, end)
+            if element in (_SEGMENT, _TRACKS, _TRACK_ENTRY, _VIDEO):
+                walk(pos, body_end, depth + 1)
+            elif element in (_PIXEL_WIDTH, _PIXEL_HEIGHT) and 0 < size <= 8:
+                found.setdefault(element, int.from_bytes(view[pos:body_end], "big"))
+            pos = body_end
+
+    walk(0, len(view), 0)
+    if _PIXEL_WIDTH in found and _PIXEL_HEIGHT in found:
+        return found[_PIXEL_WIDTH], found[_PIXEL_HEIGHT]
+    return None
+
+
+def _vint(data: bytes, pos: int, *, keep_marker: bool) -> tuple[int, int]:
+    """An EBML variable-length integer at `pos`: (value, position after it); (-2, end) when the
+    data ends or is malformed; a size with every value bit set is -1 (unknown)."""
+    if pos >= len(data) or data[pos] == 0:
+        return -2, len(data)
+    length = 8 - data[pos].bit_length() + 1
+    if pos + length > len(data):
+        return -2, len(data)
+    raw = int.from_bytes(data[pos : pos + length], "big")
+    if keep_marker:
+        return raw, pos + length
+    value = raw & ((1 << (7 * length)) - 1)
+    if value == (1 << (7 * length)) - 1:
+        return -1, pos + length
+    return value, pos + length

@@ -466,3 +466,34 @@ def test_every_format_and_hostile_file_ends_right_through_a_batch(
             )
             assert info.content_type == "image/webp"
             assert max(decode(data).size) <= size
+
+
+def test_a_budget_bound_invocation_of_small_files_uses_its_whole_work_window(
+    tmp_path: Path, db_url: str
+) -> None:
+    # Regression: at the old default THUMBQ_BATCH_SIZE of 500, an invocation of small files
+    # stopped on the claim cap (max_items) after about 6 of its 8 s of work.
+    from tests.faultkit import tiny_png
+
+    config = Config.from_env(
+        {
+            "THUMBQ_HOME": str(tmp_path / "home"),
+            "DATABASE_URL": db_url,
+            "THUMBQ_STORAGE_URL": (tmp_path / "storage").as_uri(),
+            "THUMBQ_CONCURRENCY": "2",
+            "THUMBQ_BUDGET_MS": "4000",
+            "THUMBQ_BUFFER_MS": "1000",
+        }
+    )
+    storage = open_storage(config)
+    items = []
+    for i in range(2500):
+        storage.put(f"small/{i:05d}.png", tiny_png(i), "image/png")
+        items.append({"source_key": f"small/{i:05d}.png", "content_type": "image/png"})
+    with db.connect(db_url) as conn:
+        enqueue(conn, storage, config, items, "small")
+        with RenderPool(RenderOptions(), 2, MEMORY_MB) as small_pool:
+            small_pool.render(tiny_png(0), None, timeout_s=10)  # warm
+            result = run_batch(config, conn, storage, small_pool)
+    assert result.stopped_reason == "time_budget", result
+    assert result.duration_ms >= 0.9 * config.deadline_ms, result

@@ -6,9 +6,6 @@ and tries again instead of alerting on a bug.
 
 from __future__ import annotations
 
-import datetime as dt
-import decimal
-import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -16,9 +13,11 @@ import psycopg
 from flask import Response
 from werkzeug.exceptions import HTTPException
 
+from worker import jsonfmt
 from worker.errors import InvalidKey
 from worker.log import log_event
 from worker.storage import StorageError
+from worker.validation import ValidationError
 
 if TYPE_CHECKING:
     from flask import Flask
@@ -64,16 +63,6 @@ def unavailable(code: str, message: str) -> ApiError:
     return ApiError(503, code, message, {"Retry-After": str(RETRY_AFTER_S)})
 
 
-def _default(value: Any) -> Any:
-    if isinstance(value, dt.datetime | dt.date):
-        return value.isoformat()
-    if isinstance(value, decimal.Decimal):
-        return float(value)
-    if isinstance(value, dt.timedelta):
-        return value.total_seconds()
-    raise TypeError(f"cannot serialise {type(value).__name__}")
-
-
 def json_response(
     body: Any, status: int = 200, headers: Mapping[str, str] | None = None
 ) -> Response:
@@ -85,7 +74,7 @@ def json_response(
 
 def json_body(body: Any) -> bytes:
     """`body` as compact JSON bytes, as every response of the API writes it."""
-    return json.dumps(body, default=_default, separators=(",", ":")).encode()
+    return jsonfmt.dumps(body).encode()
 
 
 def error_response(err: ApiError) -> Response:
@@ -138,6 +127,11 @@ def _storage_error(exc: Exception) -> Response:
     return error_response(unavailable("storage_unavailable", "object storage is unreachable"))
 
 
+def _invalid(exc: Exception) -> Response:
+    assert isinstance(exc, ValidationError)
+    return error_response(bad_request(exc.message, exc.code))
+
+
 def _invalid_key(exc: Exception) -> Response:
     return error_response(bad_request(str(exc), "invalid_key"))
 
@@ -157,4 +151,5 @@ def register_error_handlers(app: Flask) -> None:
         app.register_error_handler(missing, _database_error)
     app.register_error_handler(StorageError, _storage_error)
     app.register_error_handler(InvalidKey, _invalid_key)
+    app.register_error_handler(ValidationError, _invalid)
     app.register_error_handler(Exception, _unexpected)

@@ -15,7 +15,7 @@ from flask import Blueprint, Response
 
 from api import validation as v
 from api.errors import RETRY_AFTER_S, json_response
-from api.thumbnails import POLL_RUNNING_MS, POLL_SETTLED_MS, POLL_WAITING_MS
+from worker.progress import POLL_RUNNING_MS, POLL_SETTLED_MS, POLL_WAITING_MS
 
 bp = Blueprint("openapi", __name__)
 
@@ -165,20 +165,27 @@ SCHEMAS: dict[str, Any] = {
     },
     "EnqueueResult": {
         "type": "object",
-        "required": ["enqueued", "existing", "jobs"],
+        "required": ["enqueued", "existing", "missing", "jobs"],
         "properties": {
             "enqueued": {"type": "integer", "description": "New jobs created."},
             "existing": {"type": "integer", "description": "Versions already known (idempotent)."},
+            "missing": {
+                "type": "integer",
+                "description": "Items given without an etag that storage does not have. They "
+                "are listed in the group (the next batch ends them `cancelled` with "
+                "`source_missing`) and not counted as enqueued.",
+            },
             "jobs": {
                 "type": "array",
                 "items": {
                     "type": "object",
-                    "required": ["job_id", "source_key", "created", "status"],
+                    "required": ["job_id", "source_key", "created", "status", "missing"],
                     "properties": {
                         "job_id": {"type": "integer"},
                         "source_key": {"type": "string"},
                         "created": {"type": "boolean"},
                         "status": _ref("JobStatus"),
+                        "missing": {"type": "boolean"},
                     },
                 },
             },
@@ -238,6 +245,8 @@ SCHEMAS: dict[str, Any] = {
             "processed",
             "succeeded",
             "failed",
+            "unsupported",
+            "missing",
             "retried",
             "skipped",
             "remaining",
@@ -250,7 +259,20 @@ SCHEMAS: dict[str, Any] = {
             "run_id": {"type": "integer"},
             "processed": {"type": "integer"},
             "succeeded": {"type": "integer"},
-            "failed": {"type": "integer"},
+            "failed": {
+                "type": "integer",
+                "description": "Jobs this run ended `failed` (a permanent error, or a "
+                "transient one on the last attempt).",
+            },
+            "unsupported": {
+                "type": "integer",
+                "description": "Jobs this run ended `unsupported` (no renderer for the type).",
+            },
+            "missing": {
+                "type": "integer",
+                "description": "Jobs whose source was missing from storage (ended `cancelled` "
+                "with `source_missing`).",
+            },
             "retried": {"type": "integer"},
             "skipped": {"type": "integer"},
             "remaining": {"type": "integer"},

@@ -15,15 +15,11 @@ from api.auth import require_admin, require_reader
 from api.errors import ApiError, json_body, json_response
 from api.state import AppState
 from worker import db
+from worker.progress import poll_after_ms, progress_body
 from worker.queue import Queue
 
 bp = Blueprint("thumbnails", __name__, url_prefix="/api/thumbnails")
 
-# How long a progress poller should wait, from the group's state alone (so that one version of
-# a group is always the same bytes, which a strong ETag promises):
-POLL_RUNNING_MS = 1_000  # jobs are processing: the bar moves every second or so
-POLL_WAITING_MS = 5_000  # jobs wait for the next scheduled batch (up to 5 minutes away)
-POLL_SETTLED_MS = 30_000  # nothing pending or processing: only a new enqueue changes anything
 BATCH_BUSY_RETRY_S = 10
 
 
@@ -38,15 +34,6 @@ def _queue(conn: db.Conn) -> Queue:
     return Queue(conn, bucket=config.rate_bucket, max_attempts=config.max_attempts)
 
 
-def poll_after_ms(row: dict[str, Any]) -> int:
-    """When to poll again: soon while work runs, rarely when the group is settled."""
-    if row["processing"] > 0:
-        return POLL_RUNNING_MS
-    if row["pending"] > 0:
-        return POLL_WAITING_MS
-    return POLL_SETTLED_MS
-
-
 def progress_etag(row: dict[str, Any]) -> str:
     """A strong validator: the group's version, bumped by every change of its counts, plus a hash
     of its id and last change (so a re-created group cannot repeat an old tag)."""
@@ -54,27 +41,6 @@ def progress_etag(row: dict[str, Any]) -> str:
         f"{row['group_id']}\x00{row['updated_at'].isoformat()}".encode()
     ).hexdigest()[:16]
     return f"{row['version']}-{digest}"
-
-
-def progress_body(row: dict[str, Any]) -> dict[str, Any]:
-    """The JSON body of the progress endpoint."""
-    pct = row["progress_percentage"]
-    return {
-        "group_id": row["group_id"],
-        "total": row["total"],
-        "pending": row["pending"],
-        "processing": row["processing"],
-        "completed": row["completed"],
-        "failed": row["failed"],
-        "unsupported": row["unsupported"],
-        "cancelled": row["cancelled"],
-        "progress_percentage": float(pct) if pct is not None else 0.0,
-        "estimated_time_remaining_seconds": row["estimated_time_remaining_seconds"],
-        "rate_per_second": row["rate_per_second"],
-        "updated_at": row["updated_at"],
-        "version": row["version"],
-        "poll_after_ms": poll_after_ms(row),
-    }
 
 
 def _group_not_found(group_id: str) -> ApiError:
@@ -160,14 +126,7 @@ def batch_generate() -> Response:
     require_admin(config)
     body = _cron_params()
     v.check_fields(body, optional=("budget_ms", "max_items"))
-    budget_ms = None
-    if body.get("budget_ms") is not None:
-        budget_ms = v.int_in_range(
-            body["budget_ms"], "budget_ms", v.MIN_BUDGET_MS, config.budget_ms
-        )
-    max_items = None
-    if body.get("max_items") is not None:
-        max_items = v.int_in_range(body["max_items"], "max_items", 1, config.batch_size)
+    budget_ms, max_items = v.batch_options(config, body.get("budget_ms"), body.get("max_items"))
     # One batch at a time per process: they would share (and fight over) the render processes.
     if not st.batch_lock.acquire(blocking=False):
         raise ApiError(

@@ -76,6 +76,14 @@ select j.id, j.source_key, j.thumbnail_key, j.thumbnail_content_type, j.width, j
  order by j.id desc
  limit %(limit)s
 
+-- name: jobs_of_group
+-- Each file of a group and how it ended (the CLI's summary after `demo` or `--now`).
+select source_key, status, error_code, thumbnail_key, width, height, duration_ms
+  from thumbq.jobs
+ where group_id = %(group_id)s
+ order by source_key
+ limit %(limit)s
+
 -- name: alerts
 select name, figure, threshold, detail from thumbq.alerts
 

@@ -69,12 +69,18 @@ class BatchResult:
     duration_ms: int
     budget_ms: int
     retry_after_ms: int | None
+    # Jobs this run ended without a thumbnail for a reason other than a failure, in the words
+    # of their status: an unsupported type, or a source missing from storage (`cancelled`
+    # with `source_missing`). `failed` counts only jobs that ended `failed`.
+    unsupported: int = 0
+    missing: int = 0
     claimed: int = 0
     released: int = 0
     alerts: list[str] = field(default_factory=list)
 
     def response(self) -> dict[str, Any]:
-        """The JSON body of the HTTP response (exactly DESIGN.md's fields)."""
+        """The JSON body of the HTTP response (DESIGN.md's fields, with `unsupported` and
+        `missing` beside `failed`)."""
         d = asdict(self)
         for extra in ("claimed", "released", "alerts"):
             d.pop(extra)
@@ -122,7 +128,17 @@ class _Run:
         self.claim_error: Exception | None = None
         self.time_stopped = False
         self.retry_after_ms: int | None = None
-        self.counts = {"processed": 0, "succeeded": 0, "failed": 0, "retried": 0, "skipped": 0}
+        self.counts = {
+            "processed": 0,
+            "succeeded": 0,
+            "failed": 0,
+            "unsupported": 0,
+            "missing": 0,
+            "retried": 0,
+            "skipped": 0,
+        }
+        # Called after each item with how it ended (the CLI's progress bar moves per file).
+        self.on_item: Callable[[ClaimedJob, str], None] | None = None
         self.late: list[int] = []  # job ids killed at the deadline after starting late
         self.pending_done: list[dict[str, Any]] = []
         self.last_flush = time.monotonic()
@@ -199,6 +215,7 @@ class _Run:
         kind = kind_of(job.content_type, job.source_key)
         size_cls = size_class(job.source_bytes)
         render_window_ms = self.budget.remaining_ms()
+        outcome = "succeeded"
         try:
             data, info = self.storage.get(job.source_key, max_bytes=self.config.max_bytes)
             if job.source_etag and info.etag != job.source_etag:
@@ -215,6 +232,7 @@ class _Run:
                     ]
                 )
                 self._count("skipped")
+                outcome = "skipped"
                 return
             size_cls = size_class(info.size)
             timeout_s = self.budget.remaining_ms() / 1000
@@ -249,10 +267,12 @@ class _Run:
                 }
             )
         except Exception as exc:  # every failure is classified and recorded, none escapes
-            self._failed(job, exc, render_window_ms)
+            outcome = self._failed(job, exc, render_window_ms)
         finally:
             with self.lock:
                 self.in_flight -= 1
+            if self.on_item is not None:
+                self.on_item(job, outcome)
 
     def _store(self, source_key: str, etag: str, thumb: Thumbnail) -> dict[str, str]:
         """Write every rendition under its own key; returns {"<size>": key}."""
@@ -268,7 +288,9 @@ class _Run:
             keys[str(rendition.size)] = key
         return keys
 
-    def _failed(self, job: ClaimedJob, exc: Exception, window_ms: float) -> None:
+    def _failed(self, job: ClaimedJob, exc: Exception, window_ms: float) -> str:
+        """Record a failed item; how it ended, in the words of the run's counts (`released`
+        for an item killed after starting late, `unrecorded` when the database is gone)."""
         failure = classify(exc)
         # A killed render says only that this file took longer than it had: not evidence about
         # others of its kind and size, so the predictor does not learn from it.
@@ -276,7 +298,7 @@ class _Run:
         if killed and window_ms < FAIR_SHARE * self.budget.work_ms:
             with self.lock:
                 self.late.append(job.id)
-            return
+            return "released"
         try:
             outcome = self.queue.fail(
                 self.worker_id, job, failure.code, failure.message, failure.permanent
@@ -284,13 +306,19 @@ class _Run:
         except Exception as db_exc:
             # The lease runs out and the message comes back: nothing is lost.
             self.errors.append(f"could not record failure of job {job.id}: {db_exc}")
-            return
+            return "unrecorded"
         if not outcome.get("owned"):
-            self._count("skipped")
+            counted = "skipped"
         elif outcome.get("status") == "pending":
-            self._count("retried")
+            counted = "retried"
+        elif outcome.get("status") == "unsupported":
+            counted = "unsupported"
+        elif outcome.get("status") == "cancelled":
+            counted = "missing"  # the only failure that ends a job cancelled
         else:
-            self._count("failed")
+            counted = "failed"
+        self._count(counted)
+        return counted
 
     def _count(self, name: str) -> None:
         with self.lock:
@@ -342,8 +370,12 @@ def run_batch(
     max_items: int | None = None,
     worker_id: str | None = None,
     clock: Callable[[], float] = time.monotonic,
+    on_item: Callable[[ClaimedJob, str], None] | None = None,
 ) -> BatchResult:
-    """Run one invocation within `budget_ms` (default: the configured budget) and report."""
+    """Run one invocation within `budget_ms` (default: the configured budget) and report.
+    `on_item(job, outcome)` is called from the worker thread after each item the run started:
+    `succeeded`, `failed`, `unsupported`, `missing`, `retried`, `skipped`, `released` (started
+    late and killed at the deadline: back in the queue) or `unrecorded`."""
     budget_ms = budget_ms or config.budget_ms
     buffer_ms = min(config.buffer_ms, budget_ms // 2)
     budget = Budget(budget_ms, buffer_ms, clock)
@@ -383,6 +415,7 @@ def run_batch(
             worker_id,
             max_items or config.batch_size,
         )
+        run.on_item = on_item
 
         threads = [
             threading.Thread(target=run.worker, name=f"thumbq-worker-{i}", daemon=True)
@@ -419,6 +452,8 @@ def run_batch(
             processed=run.counts["processed"],
             succeeded=run.counts["succeeded"],
             failed=run.counts["failed"],
+            unsupported=run.counts["unsupported"],
+            missing=run.counts["missing"],
             retried=run.counts["retried"],
             skipped=run.counts["skipped"],
             remaining=int(fin["result"]["remaining"]),

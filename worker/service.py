@@ -32,42 +32,49 @@ def enqueue(
 ) -> dict[str, Any]:
     """Enqueue items, asking storage for the etag (and size) of those given without one.
 
-    An object that does not exist is still enqueued (with an empty etag): its job ends
-    `cancelled` with `source_missing`, so the caller sees it in the group rather than nowhere.
+    An object that storage says does not exist is counted as `missing` (and marked in `jobs`),
+    not as enqueued. It still gets a job (with an empty etag), which the next batch ends
+    `cancelled` with `source_missing`, so the group lists it with its reason rather than
+    nowhere.
     """
     for item in items:
         validate_key(str(item.get("source_key", "")))
     todo = [dict(i) for i in items]
-    missing = [i for i in todo if not i.get("etag")]
-    if missing:
+    unknown = [i for i in todo if not i.get("etag")]
+    missing: set[str] = set()
+    if unknown:
 
         def head(item: dict[str, Any]) -> None:
             try:
                 info = storage.head(item["source_key"])
             except NotFound:
                 item["etag"] = ""
+                missing.add(item["source_key"])
                 return
             item["etag"] = info.etag
             item.setdefault("bytes", info.size)
             if not item.get("content_type"):
                 item["content_type"] = info.content_type
 
-        with ThreadPoolExecutor(max_workers=min(8, len(missing))) as ex:
-            list(ex.map(head, missing))
+        with ThreadPoolExecutor(max_workers=min(8, len(unknown))) as ex:
+            list(ex.map(head, unknown))
     queue = Queue(conn, bucket=config.rate_bucket, max_attempts=config.max_attempts)
     rows: list[dict[str, Any]] = []
     for i in range(0, len(todo), ENQUEUE_CHUNK):
         rows.extend(queue.enqueue(todo[i : i + ENQUEUE_CHUNK], group_id))
-    created = sum(1 for r in rows if r["created"])
+    found = [r for r in rows if r["source_key"] not in missing]
+    created = sum(1 for r in found if r["created"])
     return {
         "enqueued": created,
-        "existing": len(rows) - created,
+        "existing": len(found) - created,
+        "missing": len(rows) - len(found),
         "jobs": [
             {
                 "job_id": r["job_id"],
                 "source_key": r["source_key"],
                 "created": r["created"],
                 "status": r["status"],
+                "missing": r["source_key"] in missing,
             }
             for r in rows
         ],
@@ -98,7 +105,7 @@ def backfill(
     result = (
         enqueue(conn, storage, config, items, group_id)
         if items
-        else {"enqueued": 0, "existing": 0, "jobs": []}
+        else {"enqueued": 0, "existing": 0, "missing": 0, "jobs": []}
     )
     return {
         "listed": len(sources),

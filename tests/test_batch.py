@@ -240,13 +240,7 @@ def test_demo_runs_end_to_end_on_the_embedded_default(tmp_path: Path) -> None:
         if k not in ("DATABASE_URL", "THUMBQ_STORAGE_URL", "TEST_DATABASE_URL")
     }
     env["THUMBQ_HOME"] = str(tmp_path / "home")
-    try:
-        _run_demo(tmp_path, env)
-    finally:
-        import pgserver
-
-        # The embedded server outlives the commands on purpose; the test stops it.
-        pgserver.get_server(tmp_path / "home" / "pgdata", cleanup_mode="stop").cleanup()
+    _run_demo(tmp_path, env)
 
 
 def _run_demo(tmp_path: Path, env: dict[str, str]) -> None:
@@ -271,7 +265,9 @@ def _run_demo(tmp_path: Path, env: dict[str, str]) -> None:
     assert counts == {"completed": "9", "failed": "1", "unsupported": "1"}
     thumbs = list((tmp_path / "home" / "storage" / "thumbnails").rglob("*.webp"))
     assert len(thumbs) == 9
-    # The embedded Postgres is reused by the next command.
+    # The next command finds the demo's database (the demo stopped the server; status starts
+    # it again, and stops it too).
+    assert "stopped the embedded Postgres" in proc.stderr
     status = subprocess.run(
         [sys.executable, "-m", "worker.cli", "status"],
         env=env,
@@ -281,6 +277,7 @@ def _run_demo(tmp_path: Path, env: dict[str, str]) -> None:
         timeout=60,
     )
     assert status.returncode == 0 and "demo-" in status.stdout
+    assert "stopped the embedded Postgres" in status.stderr
 
 
 def test_an_item_predicted_longer_than_any_window_still_gets_its_attempts(

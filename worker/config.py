@@ -26,6 +26,51 @@ class ConfigError(ValueError):
     """A configuration value that cannot be used, with the variable named."""
 
 
+# The file in THUMBQ_HOME that keeps the admin secret `thumbq up` generates (mode 0600), so that
+# every command of the same home (serve, scheduler, watch) uses the same one.
+SECRET_FILE = "cron_secret"  # noqa: S105 (a file name)
+MIN_SECRET_LENGTH = 16
+
+
+def default_home() -> Path:
+    """The per-user data directory (~/.local/share/thumbq on Linux, ~/Library/Application
+    Support/thumbq on macOS, %LOCALAPPDATA%\\thumbq on Windows): the same for every command
+    of a user, wherever it is run from."""
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("thumbq", appauthor=False))
+
+
+def read_secret_file(path: Path) -> str | None:
+    """The secret kept in `path`, or None when there is none (or it is cut short)."""
+    try:
+        secret = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return secret if len(secret) >= MIN_SECRET_LENGTH else None
+
+
+def _database_url(env: Mapping[str, str]) -> str | None:
+    raw = _str(env, "DATABASE_URL")
+    if raw is None:
+        return None
+    from psycopg import ProgrammingError
+    from psycopg.conninfo import conninfo_to_dict
+
+    # A URL (postgresql://...) or libpq's key=value form; anything else fails later, at the
+    # first connection, with a message about libpq's syntax.
+    try:
+        if "=" not in raw and "://" not in raw:
+            raise ProgrammingError(raw)
+        conninfo_to_dict(raw)
+    except ProgrammingError:
+        raise ConfigError(
+            "DATABASE_URL is not a Postgres connection string: set it to "
+            "postgresql://USER:PASSWORD@HOST:5432/DBNAME (or unset it for the embedded Postgres)"
+        ) from None
+    return raw
+
+
 def _int(env: Mapping[str, str], name: str, default: int, *, lo: int, hi: int) -> int:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
@@ -90,6 +135,11 @@ class Config:
 
     home: Path
     database_url: str | None = None
+    # Where the admin secret came from: THUMBQ_CRON_SECRET (or CRON_SECRET), the home's secret
+    # file, or nowhere (None).
+    cron_secret_source: str | None = None
+    # THUMBQ_DEBUG: the CLI prints tracebacks instead of one line per error.
+    debug: bool = False
     storage_url: str = ""
     s3_endpoint_url: str | None = None
     s3_region: str | None = None
@@ -153,7 +203,12 @@ class Config:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
         """Read the configuration from `env` (default: the process environment)."""
         env = os.environ if env is None else env
-        home = Path(env.get("THUMBQ_HOME") or ".thumbq").expanduser().resolve()
+        home = Path(env.get("THUMBQ_HOME") or default_home()).expanduser().resolve()
+        cron_secret = _str(env, "THUMBQ_CRON_SECRET") or _str(env, "CRON_SECRET")
+        secret_source = "THUMBQ_CRON_SECRET" if cron_secret else None
+        if cron_secret is None:
+            cron_secret = read_secret_file(home / SECRET_FILE)
+            secret_source = str(home / SECRET_FILE) if cron_secret else None
         storage_url = _str(env, "THUMBQ_STORAGE_URL") or (home / "storage").as_uri()
         budget_ms = _int(env, "THUMBQ_BUDGET_MS", 10_000, lo=1_000, hi=900_000)
         buffer_ms = _int(env, "THUMBQ_BUFFER_MS", 2_000, lo=0, hi=600_000)
@@ -175,11 +230,13 @@ class Config:
             raise ConfigError(f"{name} must be an http(s) URL, got {jwks_url!r}")
         return cls(
             home=home,
-            database_url=_str(env, "DATABASE_URL"),
+            database_url=_database_url(env),
+            cron_secret_source=secret_source,
+            debug=(env.get("THUMBQ_DEBUG") or "").lower() in ("1", "true", "yes", "on"),
             storage_url=storage_url,
             s3_endpoint_url=_str(env, "THUMBQ_S3_ENDPOINT_URL"),
             s3_region=_str(env, "AWS_REGION") or _str(env, "AWS_DEFAULT_REGION"),
-            cron_secret=_str(env, "THUMBQ_CRON_SECRET") or _str(env, "CRON_SECRET"),
+            cron_secret=cron_secret,
             jwt_secret=_str(env, "THUMBQ_JWT_SECRET"),
             budget_ms=budget_ms,
             buffer_ms=buffer_ms,

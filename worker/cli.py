@@ -934,16 +934,18 @@ ENV_STORAGE = {
 }
 ENV_BATCH = {
     "THUMBQ_BUDGET_MS / THUMBQ_BUFFER_MS": "a batch's budget and safety buffer (10000 / 2000)",
-    "THUMBQ_BATCH_SIZE": "most jobs one batch claims (500)",
+    "THUMBQ_BATCH_SIZE": "most jobs one batch claims",
     "THUMBQ_CONCURRENCY": "parallel renders (CPU count)",
     "THUMBQ_MAX_ATTEMPTS": "attempts before the dead-letter queue (3)",
-    "THUMBQ_THUMB_SIZE / THUMBQ_THUMB_FORMAT": "thumbnail box and format (512 / webp)",
+    "THUMBQ_THUMB_SIZE, THUMBQ_THUMB_SIZES, THUMBQ_THUMB_FORMAT": "thumbnail box(es) and format "
+    "(512, webp)",
     "THUMBQ_PDF_PAGE, THUMBQ_MAX_PIXELS, THUMBQ_MAX_PAGES, THUMBQ_MAX_BYTES, "
-    "THUMBQ_RENDER_MEMORY_MB, THUMBQ_RATE_BUCKET": "see the README's configuration table",
+    "THUMBQ_RENDER_MEMORY_MB, THUMBQ_RATE_BUCKET, THUMBQ_SOFFICE": "see docs/configuration.md",
 }
 ENV_API = {
     "THUMBQ_CRON_SECRET": "the admin secret; default: the one `thumbq up` keeps in THUMBQ_HOME",
-    "THUMBQ_JWT_SECRET": "Supabase JWT secret, for users reading progress",
+    "THUMBQ_JWT_SECRET, THUMBQ_JWKS_URL": "how users' Supabase tokens are verified (legacy "
+    "HS256 secret; JWKS, default from SUPABASE_URL)",
     "THUMBQ_PROGRESS_CACHE_MS, THUMBQ_ACCESS_CACHE_MS": "progress and access caches",
     "SUPABASE_URL, SUPABASE_ANON_KEY, THUMBQ_SUPABASE_JS_URL": "Realtime on the progress page",
 }
@@ -1158,9 +1160,11 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "cleanup-stale",
         cmd_cleanup_stale,
-        "reset processing jobs whose lease expired (their batch was killed)",
-        "",
+        "reset processing jobs whose lease expired (their batch was killed), prune old history",
+        "Finished jobs, batch runs and pgmq archives older than THUMBQ_RETENTION_DAYS are "
+        "pruned in bounded chunks; group summaries stay.",
         ENV_DATABASE,
+        {"THUMBQ_RETENTION_DAYS": "keep finished jobs this many days (30; 0 keeps everything)"},
     )
 
     # -- reading

@@ -24,6 +24,8 @@ from worker import home as registry
 
 PGDATA = "pgdata"
 STOP_TIMEOUT_S = 15.0
+# How long a start that pgserver gave up on may still take to become ready.
+START_GRACE_S = 30.0
 
 
 class EmbeddedUnavailable(RuntimeError):
@@ -91,11 +93,32 @@ class EmbeddedPostgres:
             server = pgserver.get_server(self.pgdata, cleanup_mode=None)
             url = str(server.get_uri())
         except Exception as exc:
-            raise EmbeddedError(
-                f"cannot start the embedded Postgres in {self.pgdata} "
-                f"({type(exc).__name__}: {exc}); its log is {self.pgdata / 'log'}"
-            ) from exc
+            # pgserver gives pg_ctl 10 s; on a busy machine the server it started may still be
+            # on its way up: wait for it before calling it a failure.
+            ready = self._ready_url(timeout_s=START_GRACE_S)
+            if ready is None:
+                raise EmbeddedError(
+                    f"cannot start the embedded Postgres in {self.pgdata} "
+                    f"({type(exc).__name__}: {exc}); its log is {self.pgdata / 'log'}"
+                ) from exc
+            url = ready
         return url, not was_running
+
+    def _ready_url(self, timeout_s: float) -> str | None:
+        """The URL of a server that is up and ready (from its postmaster.pid), waiting up to
+        `timeout_s` for it; None when none comes."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                lines = (self.pgdata / "postmaster.pid").read_text().splitlines()
+            except OSError:
+                lines = []
+            if len(lines) >= 8 and lines[7].strip() == "ready" and self.pid() is not None:
+                socket_dir = lines[4].strip()
+                return f"postgresql://postgres:@/postgres?host={socket_dir}"
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.2)
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> bool:
         """Stop the server (fast shutdown: sessions are ended, nothing is lost); False when it

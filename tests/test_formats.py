@@ -439,6 +439,9 @@ def test_every_format_and_hostile_file_ends_right_through_a_batch(
         storage.put(f"formats/{name}", make(), "application/octet-stream")
         expected[name] = ("failed", code)
     storage.put("formats/svg_billion_laughs", fc.svg_billion_laughs(), "image/svg+xml")
+    # A page that cannot render in its window at full quality: a degraded thumbnail.
+    storage.put("formats/image_heavy_pdf", fc.image_heavy_pdf(), "application/pdf")
+    expected["image_heavy_pdf"] = ("completed", None)
     items = [{"source_key": f"formats/{name}"} for name in expected]
     with db.connect(db_url) as conn:
         enqueue(conn, storage, config, items, "formats")
@@ -456,16 +459,41 @@ def test_every_format_and_hostile_file_ends_right_through_a_batch(
         job = jobs[f"formats/{name}"]
         assert (job["status"], job["error_code"]) == (status, code), (name, job["last_error"])
         if status != "completed":
+            assert job["thumbnails"] is None and job["thumbhash"] is None
             continue
-        assert job["thumbnail_key"] == thumbnail_key(
-            f"formats/{name}", job["source_etag"], 512, "webp"
-        )
+        keys = {
+            str(size): thumbnail_key(f"formats/{name}", job["source_etag"], size, "webp")
+            for size in SIZES
+        }
+        # Every size in the job row, the largest also as thumbnail_key, and the placeholders.
+        assert job["thumbnails"] == keys, name
+        assert job["thumbnail_key"] == keys["512"]
+        assert base64.b64decode(job["thumbhash"]) and len(job["dominant_color"]) == 7
+        assert job["degraded"] is (name == "image_heavy_pdf"), name
         for size in SIZES:
-            data, info = storage.get(
-                thumbnail_key(f"formats/{name}", job["source_etag"], size, "webp")
-            )
+            data, info = storage.get(keys[str(size)])
             assert info.content_type == "image/webp"
             assert max(decode(data).size) <= size
+
+    # The API's job answer carries them too.
+    from api import create_app
+
+    app = create_app(config.with_(cron_secret="s3cret-for-the-formats-test"))
+    try:
+        job = jobs["formats/pptx" if SOFFICE else "formats/heic"]
+        resp = app.test_client().get(
+            f"/api/thumbnails/jobs/{job['id']}",
+            headers={"Authorization": "Bearer s3cret-for-the-formats-test"},
+        )
+        assert resp.status_code == 200
+        answer = resp.get_json()
+        assert answer["thumbnails"] == job["thumbnails"]
+        assert answer["thumbnail_key"] == job["thumbnails"]["512"]
+        assert answer["thumbhash"] == job["thumbhash"]
+        assert answer["dominant_color"] == job["dominant_color"]
+        assert answer["degraded"] is False
+    finally:
+        app.extensions["thumbq"].close()
 
 
 def test_a_budget_bound_invocation_of_small_files_uses_its_whole_work_window(

@@ -185,9 +185,11 @@ class RenderPool:
                 raise
         try:
             return self._render_in_child(data, declared_type, deadline, degraded=True)
-        except _Overran as exc:
+        except _Overran:
             raise ThumbqError(
-                RENDER_TIMEOUT, f"{exc.message}, and so did a cheaper (degraded) render"
+                RENDER_TIMEOUT,
+                f"rendering took longer than {timeout_s:.1f} s and was stopped, and so did a "
+                "cheaper (degraded) render",
             ) from None
 
     def _render_in_child(

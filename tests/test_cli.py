@@ -177,6 +177,11 @@ def test_backfill_says_when_the_next_batch_of_this_homes_thumbq_up_is_due(
     assert match, note
     assert int(match.group(1).split(":")[1]) % 5 == 0  # on the */5 schedule
     assert f"by thumbq up (pid {pid})" in note and "--now" in note
+    assert re.search(
+        r"follow group 'g2' in a browser: http://127\.0\.0\.1:\d+/progress"
+        r"\?group_id=g2#key=tqp\.1\.",
+        note,
+    ), note
 
 
 def test_enqueue_now_runs_batches_until_the_group_is_done(tmp_path: Path, db_url: str) -> None:

@@ -304,13 +304,31 @@ def _after_enqueue(
         )
     progress = _queue(rt, conn).progress(group) or {}
     waiting = int(progress.get("pending") or 0) + int(progress.get("processing") or 0)
-    if not waiting:
-        return
-    if args.now:
+    if waiting and args.now:
         runs = _drain(rt, conn, storage, group, max_seconds=args.max_seconds)
         _print_outcome(rt, conn, group, runs)
-        return
-    say(f"{waiting} job(s) of group {group!r} wait for a batch: {_next_batch(rt, conn)}")
+    elif waiting:
+        say(f"{waiting} job(s) of group {group!r} wait for a batch: {_next_batch(rt, conn)}")
+    _page_note(rt, group)
+
+
+def _local_up(rt: Runtime) -> Any:
+    """The registration of a `thumbq up` of this home that serves this database, if any."""
+    from worker import home
+
+    me = home.database_fingerprint(rt.database_url())
+    for reg in home.running(rt.config.home):
+        if reg.command == "up" and reg.api_url and reg.database == me:
+            return reg
+    return None
+
+
+def _page_note(rt: Runtime, group: str) -> None:
+    """Where to follow a group in a browser, when a `thumbq up` of this home serves the page."""
+    up = _local_up(rt)
+    if up is not None and rt.config.cron_secret:
+        link = page_link(up.api_url, rt.config.cron_secret, [{"group_id": group}])
+        say(f"follow group {group!r} in a browser: {link}")
 
 
 def _next_batch(rt: Runtime, conn: db.Conn) -> str:
@@ -622,10 +640,16 @@ def cmd_demo(rt: Runtime, args: argparse.Namespace) -> int:
         _print_outcome(rt, conn, group, runs, prefix)
     print(file=out)
     print(f"Thumbnails: {storage.url}/thumbnails/{prefix}", file=out)
-    print(
-        "See them in a browser: `thumbq up`, then open the progress page link it prints.",
-        file=out,
-    )
+    up = _local_up(rt)
+    if up is not None and rt.config.cron_secret:
+        link = page_link(up.api_url, rt.config.cron_secret, [{"group_id": group}])
+        print(f"See them in a browser: {link}", file=out)
+    else:
+        print(
+            f"See them in a browser: start `thumbq up`, open the page link it prints and enter "
+            f"the group {group}.",
+            file=out,
+        )
     return 0
 
 
@@ -718,9 +742,11 @@ def _admin_secret_note(config: Config) -> None:
 
 
 def _granian_installed() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("granian") is not None
+    try:
+        import granian  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def cmd_serve(rt: Runtime, args: argparse.Namespace) -> int:

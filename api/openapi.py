@@ -275,7 +275,7 @@ SCHEMAS: dict[str, Any] = {
             },
             "retried": {"type": "integer"},
             "skipped": {"type": "integer"},
-            "remaining": {"type": "integer"},
+            "remaining": {"type": ["integer", "null"]},
             "stopped_reason": {
                 "type": "string",
                 "enum": ["drained", "time_budget", "rate_limited", "max_items"],

@@ -77,6 +77,7 @@ class NoopStorage:
     """Storage that holds nothing and costs nothing: isolates the engine's own overhead."""
 
     url = "noop://"
+    may_stall = False  # nothing to bound: the batch calls it directly (worker.storage)
 
     def head(self, key: str) -> ObjectInfo:
         return ObjectInfo(key, "e", 1)

@@ -43,6 +43,9 @@ select thumbq.finish_run(%(run_id)s, %(summary)s::jsonb, %(stats)s::jsonb) as re
 select granted, taken, tokens_left, retry_after_ms
   from thumbq.take_tokens(%(name)s, %(n)s, %(partial)s)
 
+-- name: refund_tokens
+select thumbq.refund_tokens(%(name)s, %(n)s)
+
 -- name: get_job
 select * from thumbq.jobs where id = %(job_id)s
 

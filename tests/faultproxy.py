@@ -12,7 +12,13 @@ injects one fault instead:
 - `truncated`: the upstream response is sent with its full Content-Length but only half its
   body, then the connection is closed (a download cut off mid-body);
 - `cut_upload`: for a request with a body, only half of it is forwarded upstream before both
-  connections are reset (an upload cut off mid-body); other requests get `reset` instead.
+  connections are reset (an upload cut off mid-body); other requests get `reset` instead;
+- `drip`: the request is forwarded and the response sent at once up to its body, which then
+  arrives `drip_bytes` every `drip_every_s` (a slow link: no single read waits long, so no
+  per-read timeout trips). Not in the default mix.
+
+`only` restricts faults to the requests it accepts (say, GETs of sources); `enabled = False`
+stops all faults at once (the storage recovers).
 
 Keep-alive connections are served one request at a time, each on its own thread, so boto3's
 connection pool behaves as it would against a real endpoint. Every decision is counted.
@@ -29,7 +35,7 @@ import struct
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,12 +101,18 @@ class FaultProxy:
         seed: int = 0,
         kinds: Sequence[str] = FAULT_KINDS,
         hold_s: float = 1.0,
+        drip_bytes: int = 256,
+        drip_every_s: float = 0.2,
+        only: Callable[[Request], bool] | None = None,
     ) -> None:
         host, _, port = upstream.removeprefix("http://").rstrip("/").partition(":")
         self.upstream = (host, int(port or 80))
         self.fault_rate = fault_rate
         self.kinds = tuple(kinds)
         self.hold_s = hold_s
+        self.drip_bytes = drip_bytes
+        self.drip_every_s = drip_every_s
+        self.only = only
         self.log = FaultLog()
         self.enabled = True
         # One generator behind a lock: the sequence of decisions is fixed by the seed (which
@@ -147,6 +159,8 @@ class FaultProxy:
             kind = self._rng.choice(self.kinds)
         if not self.enabled or roll >= self.fault_rate:
             return None
+        if self.only is not None and not self.only(req):
+            return None
         if kind == "cut_upload" and not req.body:
             kind = "reset"
         return kind
@@ -191,6 +205,10 @@ class FaultProxy:
                 if kind == "reset_after":
                     _reset(client)
                     return
+                if kind == "drip":
+                    _send_response(client, req, status, reason, headers, b"", False, len(body))
+                    self._drip(client, body)
+                    continue
                 _send_response(client, req, status, reason, headers, body, kind == "truncated")
                 if kind == "truncated":
                     return
@@ -202,6 +220,12 @@ class FaultProxy:
             with contextlib.suppress(OSError):
                 reader.close()
                 client.close()
+
+    def _drip(self, client: socket.socket, body: bytes) -> None:
+        for i in range(0, len(body), self.drip_bytes):
+            if self._closing.wait(self.drip_every_s):
+                return
+            client.sendall(body[i : i + self.drip_bytes])
 
 
 def _read_request(reader: Any, client: socket.socket) -> Request | None:
@@ -268,7 +292,9 @@ def _send_response(
     headers: list[tuple[str, str]],
     body: bytes,
     truncate: bool,
+    length: int | None = None,
 ) -> None:
+    """Send a response; with `length`, only its head, announcing a body of that length."""
     lines = [f"HTTP/1.1 {status} {reason}"]
     has_length = False
     for name, value in headers:
@@ -282,7 +308,7 @@ def _send_response(
             continue
         lines.append(f"{name}: {value}")
     if req.method != "HEAD":
-        lines.append(f"Content-Length: {len(body)}")
+        lines.append(f"Content-Length: {len(body) if length is None else length}")
     elif not has_length:
         lines.append("Content-Length: 0")
     head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")

@@ -155,3 +155,32 @@ def test_enqueue_batch_retry_and_progress_work_through_pgbouncer(
         assert (body["pending"], body["failed"], body["completed"]) == (2, 0, 8)
     finally:
         app.extensions["thumbq"].close()
+
+
+def test_a_bounded_call_is_cut_through_pgbouncer_and_leaves_no_setting_behind(
+    bouncer: str, db_url: str
+) -> None:
+    """The deadline's statement_timeout/lock_timeout travel with each call (set_config(...,
+    true) in the call's own message), so a transaction-mode pooler neither refuses them nor
+    hands them on to the next client of the same server connection."""
+    url = pgbouncer.via(bouncer, db_url)
+    with db.connect(url) as a, db.connect(url) as b, db.connect(db_url) as holder:
+        with holder.transaction():
+            holder.execute(
+                "select * from thumbq.rate_limits where name = 'thumbnail_generation' for update"
+            )
+            started = time.monotonic()
+            with pytest.raises(db.DeadlineExceeded):
+                Queue(a).claim("w", 1, 30, bound=db.Bound(300))
+            waited = time.monotonic() - started
+        assert 0.25 <= waited <= 1.5, waited
+        seen = set()
+        for _ in range(20):
+            db.run(a, "ping", bound=db.Bound(1234))
+            row = b.execute(
+                "select current_setting('statement_timeout') as st,"
+                " current_setting('lock_timeout') as lt"
+            ).fetchone()
+            assert row is not None
+            seen.add((row["st"], row["lt"]))
+        assert seen == {("0", "0")}, seen

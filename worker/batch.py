@@ -3,6 +3,11 @@
 The deadline is start + budget - buffer. Jobs are claimed as many as are predicted to fit; an
 item starts only if its predicted duration fits before the deadline; rendering runs in child
 processes killed at the deadline; what was claimed but not started is released at once.
+
+The deadline bounds every call, not only renders: each storage call is cut at it (a stall or a
+slow drip costs the item, `storage_timeout`), each database statement carries a server-side
+timeout from it (a lock held elsewhere costs the call, `db_timeout`), and the end of the run
+(recording, release, finish) has its own reserve out of the buffer (`worker.budget`).
 """
 
 from __future__ import annotations
@@ -19,11 +24,20 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from worker import db
-from worker.budget import Budget, Predictor, kind_of, size_class
-from worker.errors import RENDER_TIMEOUT, ThumbqError
+from worker.budget import (
+    FINISH_MS,
+    RECORD_MS,
+    RELEASE_MS,
+    Budget,
+    Predictor,
+    kind_of,
+    size_class,
+)
+from worker.errors import RENDER_TIMEOUT, STORAGE_TIMEOUT, ThumbqError
 from worker.log import log_event
 from worker.queue import ClaimedJob, Queue
 from worker.retry import classify
+from worker.storage import BoundedStorage
 
 if TYPE_CHECKING:
     from worker.config import Config
@@ -48,10 +62,13 @@ FAIR_SHARE = 0.5
 # gets the rest, rather than the item failing `render_timeout` (items that started late get no
 # such fallback: they are released and get a whole window next time).
 DEGRADE_AT = 0.75
-# A database call still unanswered this long after the deadline (and at least at the end of the
-# budget) has its connection cut: a stalled server or a dropped network never answers, and a
-# cancel request would need the stuck backend to act on it.
-SEVER_AFTER_DEADLINE_MS = 1000
+# Every statement is cancelled by the server at its deadline (worker.db), the last of them about
+# FINISH_MS after the deadline. A call still unanswered this long after the deadline (at the
+# latest at the end of the budget) has its connection cut: a stopped server or a dropped network
+# never answers, and a cancel request would need the stuck backend to act on it.
+SEVER_AFTER_DEADLINE_MS = 600
+# Cut at the deadline: the item had less time than it needed, which says nothing of the file.
+_CUT_AT_DEADLINE = (RENDER_TIMEOUT, STORAGE_TIMEOUT)
 
 
 @dataclass
@@ -64,7 +81,8 @@ class BatchResult:
     failed: int
     retried: int
     skipped: int
-    remaining: int
+    # None only when the run's row could not be written in time (a lock held elsewhere).
+    remaining: int | None
     stopped_reason: str
     duration_ms: int
     budget_ms: int
@@ -166,7 +184,7 @@ class _Run:
         want = min(want, self.max_items - self.claimed, CLAIM_CHUNK_MAX)
         if want <= 0:
             return
-        claim = self.queue.claim(self.worker_id, want, self.vt_seconds)
+        claim = self.queue.claim(self.worker_id, want, self.vt_seconds, bound=_bound(self.budget))
         self.claimed += len(claim.jobs)
         self.waiting.extend(claim.jobs)
         if claim.rate_limited:
@@ -201,6 +219,13 @@ class _Run:
                     return None
                 try:
                     self._claim_more()
+                except db.DeadlineExceeded as exc:
+                    # A lock held elsewhere (the bucket row, a job row) kept the claim past the
+                    # deadline; it changed nothing. Out of time, not an error of the run.
+                    self.errors.append(str(exc))
+                    self.time_stopped = True
+                    self.exhausted = "timeout"
+                    return None
                 except Exception as exc:
                     # The database is gone: stop claiming; run_batch reports it after the
                     # items in flight have ended (their leases keep them safe meanwhile).
@@ -229,7 +254,8 @@ class _Run:
                             "group_id": job.group_id,
                             "bytes": info.size,
                         }
-                    ]
+                    ],
+                    bound=_bound(self.budget, RECORD_MS),
                 )
                 self._count("skipped")
                 outcome = "skipped"
@@ -294,14 +320,19 @@ class _Run:
         failure = classify(exc)
         # A killed render says only that this file took longer than it had: not evidence about
         # others of its kind and size, so the predictor does not learn from it.
-        killed = isinstance(exc, ThumbqError) and exc.code == RENDER_TIMEOUT
+        killed = isinstance(exc, ThumbqError) and exc.code in _CUT_AT_DEADLINE
         if killed and window_ms < FAIR_SHARE * self.budget.work_ms:
             with self.lock:
                 self.late.append(job.id)
             return "released"
         try:
             outcome = self.queue.fail(
-                self.worker_id, job, failure.code, failure.message, failure.permanent
+                self.worker_id,
+                job,
+                failure.code,
+                failure.message,
+                failure.permanent,
+                bound=_bound(self.budget, RECORD_MS),
             )
         except Exception as db_exc:
             # The lease runs out and the message comes back: nothing is lost.
@@ -344,7 +375,9 @@ class _Run:
             if not batch:
                 return
             try:
-                completed = self.queue.complete(self.worker_id, batch)
+                completed = self.queue.complete(
+                    self.worker_id, batch, bound=_bound(self.budget, RECORD_MS)
+                )
             except Exception as exc:
                 # Thumbnails are written; their messages come back after the lease and the
                 # next run renders them again (same key, same bytes).
@@ -382,12 +415,14 @@ def run_batch(
     worker_id = worker_id or new_worker_id()
     queue = Queue(conn, bucket=config.rate_bucket, max_attempts=config.max_attempts)
 
+    bounded = BoundedStorage(storage, lambda: budget.remaining_ms() / 1000)
+
     own_pool = pool is None
     if pool is None:
         from worker.render.process import RenderPool
 
         pool = RenderPool(render_options(config), config.concurrency, config.render_memory_mb)
-    sever_ms = max(budget_ms, budget_ms - buffer_ms + SEVER_AFTER_DEADLINE_MS)
+    sever_ms = min(budget_ms, budget_ms - buffer_ms + SEVER_AFTER_DEADLINE_MS)
     watchdog = threading.Timer(sever_ms / 1000, _sever, args=(conn, worker_id, sever_ms))
     watchdog.daemon = True
     watchdog.start()
@@ -401,6 +436,7 @@ def run_batch(
                 "buffer_ms": buffer_ms,
                 "concurrency": config.concurrency,
             },
+            bound=_bound(budget),
         )
         assert start is not None
         run_id = int(start["result"]["run_id"])
@@ -408,7 +444,7 @@ def run_batch(
         run = _Run(
             config,
             queue,
-            storage,
+            bounded,
             pool,
             budget,
             predictor,
@@ -430,7 +466,12 @@ def run_batch(
             raise run.claim_error
 
         unstarted = [j.id for j in run.waiting] + run.late
-        released = queue.release(worker_id, unstarted) if unstarted else 0
+        released = 0
+        try:
+            released = queue.release(worker_id, unstarted, bound=_bound(budget, RELEASE_MS))
+        except db.DeadlineExceeded as exc:
+            # Their leases run out instead: back in budget + VT_MARGIN_S.
+            run.errors.append(f"could not release {len(unstarted)} unstarted jobs: {exc}")
         reason = "time_budget" if run.time_stopped or unstarted else run.exhausted or "drained"
         duration_ms = round(budget.elapsed_ms())
         summary = {
@@ -441,12 +482,19 @@ def run_batch(
             "duration_ms": duration_ms,
             "retry_after_ms": run.retry_after_ms,
         }
-        fin = db.one(
-            conn,
-            "finish_run",
-            {"run_id": run_id, "summary": _json(summary), "stats": _json(predictor.summary())},
-        )
-        assert fin is not None
+        fin: dict[str, Any] = {"remaining": None, "alerts": []}
+        try:
+            row = db.one(
+                conn,
+                "finish_run",
+                {"run_id": run_id, "summary": _json(summary), "stats": _json(predictor.summary())},
+                bound=_bound(budget, FINISH_MS),
+            )
+            assert row is not None
+            fin = row["result"]
+        except db.DeadlineExceeded as exc:
+            # The counts are still right; only the run's row and `remaining` are missing.
+            run.errors.append(f"could not finish run {run_id}: {exc}")
         result = BatchResult(
             run_id=run_id,
             processed=run.counts["processed"],
@@ -456,19 +504,20 @@ def run_batch(
             missing=run.counts["missing"],
             retried=run.counts["retried"],
             skipped=run.counts["skipped"],
-            remaining=int(fin["result"]["remaining"]),
+            remaining=None if fin["remaining"] is None else int(fin["remaining"]),
             stopped_reason=reason,
             duration_ms=duration_ms,
             budget_ms=budget_ms,
             retry_after_ms=run.retry_after_ms if reason == "rate_limited" else None,
             claimed=run.claimed,
             released=released,
-            alerts=list(fin["result"]["alerts"]),
+            alerts=list(fin["alerts"]),
         )
         log_event("batch_run", worker_id=worker_id, **asdict(result), errors=run.errors[:5] or None)
         return result
     finally:
         watchdog.cancel()
+        bounded.close()
         if own_pool:
             pool.close()
 
@@ -476,6 +525,9 @@ def run_batch(
 def _sever(conn: db.Conn, worker_id: str, after_ms: int) -> None:
     """Shut the connection's socket down, so that every call waiting on it fails at once with
     OperationalError and the invocation ends (its leases expire as if it had been killed).
+
+    Only a server or network that stopped answering gets here: every statement carries its own
+    timeout, which the server enforces while it runs.
 
     Only shutdown, not close: the descriptor stays the connection's until it is closed."""
     try:
@@ -490,6 +542,15 @@ def _sever(conn: db.Conn, worker_id: str, after_ms: int) -> None:
     finally:
         sock.close()
     log_event("batch_db_severed", worker_id=worker_id, after_ms=after_ms)
+
+
+def _bound(budget: Budget, after_ms: float | None = None) -> db.Bound:
+    """A database call's bound: until the deadline, or (a call that records the run's outcome)
+    until `after_ms` past it. One made after the deadline does not wait for the WAL flush to
+    commit (db.Bound): the answer is due, and a lost commit only means a redone item."""
+    if after_ms is None:
+        return db.Bound(budget.remaining_ms())
+    return db.Bound(budget.end_call_ms(after_ms), durable=not budget.expired())
 
 
 def render_options(config: Config) -> Any:

@@ -34,6 +34,18 @@ VIDEO_EXT = (".mp4", ".m4v", ".mov", ".webm", ".mkv")
 OFFICE_EXT = (".pptx", ".docx", ".xlsx", ".odp", ".odt", ".ods")
 
 
+# What the end of an invocation gets after its deadline, out of its buffer (DESIGN: the answer by
+# the deadline + 300 ms): items record their outcome by the deadline + RECORD_MS, the unstarted
+# ones are released by + RELEASE_MS and the run is finished by + FINISH_MS, each call bounded so
+# that one that stalls leaves the next its time. Each is a few ms when nothing stalls. A call that
+# starts late (a render killed at the deadline can take 100-200 ms to die on a loaded machine)
+# still gets END_CALL_MIN_MS: a count recorded a little late beats one lost.
+RECORD_MS = 120.0
+RELEASE_MS = 180.0
+FINISH_MS = 260.0
+END_CALL_MIN_MS = 40.0
+
+
 class Budget:
     """The deadline of one invocation: start + budget - buffer, on a monotonic clock."""
 
@@ -49,8 +61,16 @@ class Budget:
     def elapsed_ms(self) -> float:
         return (self.clock() - self.started) * 1000
 
-    def remaining_ms(self) -> float:
-        return max(0.0, (self.deadline - self.clock()) * 1000)
+    def remaining_ms(self, after_ms: float = 0.0) -> float:
+        """Time left until the deadline, or until `after_ms` past it (at most to the budget's
+        end: the reserve comes out of the buffer)."""
+        after_s = min(after_ms, self.budget_ms - self.work_ms) / 1000
+        return max(0.0, (self.deadline + after_s - self.clock()) * 1000)
+
+    def end_call_ms(self, after_ms: float) -> float:
+        """The timeout of a call that records the run's outcome: until `after_ms` past the
+        deadline (RECORD_MS, RELEASE_MS, FINISH_MS), and never less than END_CALL_MIN_MS."""
+        return max(END_CALL_MIN_MS, self.remaining_ms(after_ms))
 
     def expired(self) -> bool:
         return self.clock() >= self.deadline

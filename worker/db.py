@@ -2,12 +2,21 @@
 
 Every connection works through a transaction-mode pooler (Supavisor on port 6543, pgbouncer):
 no prepared statements, no session state, no LISTEN; each call is its own transaction.
+
+A bounded call (`run(..., bound=Bound(timeout_ms))`) is cut by the server: the query goes out as
+one simple-protocol message of two statements, `select set_config('statement_timeout', ...,
+true), set_config('lock_timeout', ..., true); <the query>`. A message of several statements is
+one implicit transaction, so the settings hold for the query and end with it: no session state
+for a pooler to leak, and no extra round trip (measured: about 20 us a call on loopback,
+bench/deadlines.py). The parameters are then bound by psycopg on the client (ClientCursor),
+still never formatted in by hand.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -155,16 +164,73 @@ def connect(url: str, *, connect_timeout: int = 5, application_name: str = "thum
     )
 
 
-def run(conn: Conn, name: str, params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Run the named query and return its rows."""
-    with conn.cursor() as cur:
-        cur.execute(queries()[name], params or {})
+class DeadlineExceeded(psycopg.OperationalError):
+    """A bounded call did not finish in its time: cancelled by the server's statement_timeout
+    or lock_timeout, or never sent because no time was left."""
+
+
+@dataclass(frozen=True)
+class Bound:
+    """How long a call may take: the server cancels it (lock waits included) after `timeout_ms`.
+
+    `durable=False` also lets its commit return before the WAL reaches the disk
+    (synchronous_commit off, for that transaction only). Only the calls that close an invocation
+    after its deadline use it: under a loaded disk a commit waits 10-200 ms for the flush, and a
+    server crash in the next fraction of a second loses no consistency, only that transition (its
+    job comes back when its lease ends and is done again).
+    """
+
+    timeout_ms: float
+    durable: bool = True
+
+
+# What bounds a call, sent in the same message as the call (module docstring).
+_BOUND = (
+    "select set_config('statement_timeout', %(_thumbq_timeout)s, true),"
+    " set_config('lock_timeout', %(_thumbq_timeout)s, true); "
+)
+_BOUND_NOT_DURABLE = (
+    "select set_config('statement_timeout', %(_thumbq_timeout)s, true),"
+    " set_config('lock_timeout', %(_thumbq_timeout)s, true),"
+    " set_config('synchronous_commit', 'off', true); "
+)
+
+
+def run(
+    conn: Conn,
+    name: str,
+    params: Mapping[str, Any] | None = None,
+    *,
+    bound: Bound | None = None,
+) -> list[dict[str, Any]]:
+    """Run the named query and return its rows; with `bound`, the server cancels it (and any
+    lock wait in it) after `bound.timeout_ms`, raising `DeadlineExceeded`."""
+    if bound is None:
+        with conn.cursor() as cur:
+            cur.execute(queries()[name], params or {})
+            return cur.fetchall() if cur.description else []
+    ms = math.floor(bound.timeout_ms)
+    if ms < 1:  # 0 would mean no timeout at all
+        raise DeadlineExceeded(f"{name}: no time was left to run it")
+    prefix = _BOUND if bound.durable else _BOUND_NOT_DURABLE
+    with psycopg.ClientCursor(conn) as cur:
+        try:
+            cur.execute(prefix + queries()[name], {**(params or {}), "_thumbq_timeout": str(ms)})
+        except (psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable) as exc:
+            raise DeadlineExceeded(f"{name}: cut after {ms} ms ({exc})".strip()) from exc
+        cur.nextset()
         return cur.fetchall() if cur.description else []
 
 
-def one(conn: Conn, name: str, params: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
-    """Run the named query and return its first row, or None."""
-    rows = run(conn, name, params)
+def one(
+    conn: Conn,
+    name: str,
+    params: Mapping[str, Any] | None = None,
+    *,
+    bound: Bound | None = None,
+) -> dict[str, Any] | None:
+    """Run the named query and return its first row, or None (`bound` as in `run`)."""
+    rows = run(conn, name, params, bound=bound)
     return rows[0] if rows else None
 
 

@@ -17,13 +17,19 @@ INVALID_KEY = "invalid_key"
 STORAGE_ERROR = "storage_error"
 RENDER_TIMEOUT = "render_timeout"
 DB_ERROR = "db_error"
+# A storage call or database statement cut at the invocation's deadline (a stall, a slow drip,
+# a lock held elsewhere).
+STORAGE_TIMEOUT = "storage_timeout"
+DB_TIMEOUT = "db_timeout"
 INTERNAL = "internal"
 LEASE_EXPIRED = "lease_expired"
 
 PERMANENT_CODES = frozenset(
     {UNSUPPORTED_TYPE, CORRUPT_INPUT, ENCRYPTED_INPUT, TOO_LARGE, SOURCE_MISSING, INVALID_KEY}
 )
-TRANSIENT_CODES = frozenset({STORAGE_ERROR, RENDER_TIMEOUT, DB_ERROR, INTERNAL, LEASE_EXPIRED})
+TRANSIENT_CODES = frozenset(
+    {STORAGE_ERROR, STORAGE_TIMEOUT, RENDER_TIMEOUT, DB_ERROR, DB_TIMEOUT, INTERNAL, LEASE_EXPIRED}
+)
 
 
 class ThumbqError(Exception):

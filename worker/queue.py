@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
+
+import psycopg
 
 from worker import db, ratelimit
 from worker.retry import BACKOFF_BASE_S, BACKOFF_CAP_S
+
+# Giving back the tokens of a claim cut at its deadline gets this long, and does not wait for
+# the WAL flush: the answer is due.
+_REFUND_BOUND = db.Bound(50, durable=False)
+
+
+def _left(bound: db.Bound | None, started: float) -> db.Bound | None:
+    """What is left of `bound` for a statement sent now, in a call that started at `started`."""
+    if bound is None:
+        return None
+    return replace(bound, timeout_ms=bound.timeout_ms - (time.monotonic() - started) * 1000)
 
 
 @dataclass(frozen=True)
@@ -58,50 +74,99 @@ class Queue:
         self.conn = conn
         self.bucket = bucket
         self.max_attempts = max_attempts
+        # Threads of one invocation share the connection; a bounded call counts its wait for it.
+        self._turn = threading.Lock()
+
+    @contextlib.contextmanager
+    def _turn_for(self, name: str, bound: db.Bound | None) -> Iterator[float]:
+        """Hold the connection for one bounded call (other threads of the invocation share it);
+        yields when the call started, so that waiting for the connection counts in its bound."""
+        started = time.monotonic()
+        if bound is None:
+            yield started
+            return
+        if not self._turn.acquire(timeout=max(bound.timeout_ms, 0.0) / 1000):
+            raise db.DeadlineExceeded(
+                f"{name}: the connection stayed busy for {bound.timeout_ms:.0f} ms"
+            )
+        try:
+            yield started
+        finally:
+            self._turn.release()
+
+    def _run(
+        self, name: str, params: Mapping[str, Any], bound: db.Bound | None
+    ) -> list[dict[str, Any]]:
+        """Run a named query; with `bound`, the wait for the connection (busy with another
+        thread's call) and the statement together end within it (`db.DeadlineExceeded`)."""
+        with self._turn_for(name, bound) as started:
+            return db.run(self.conn, name, params, bound=_left(bound, started))
+
+    def _one(
+        self, name: str, params: Mapping[str, Any], bound: db.Bound | None
+    ) -> dict[str, Any] | None:
+        rows = self._run(name, params, bound)
+        return rows[0] if rows else None
 
     def enqueue(
-        self, items: Sequence[Mapping[str, Any]], group_id: str = "default"
+        self,
+        items: Sequence[Mapping[str, Any]],
+        group_id: str = "default",
+        *,
+        bound: db.Bound | None = None,
     ) -> list[dict[str, Any]]:
         """Enqueue object versions (`source_key`, `etag`, `content_type`, `group_id`, `bytes`);
-        idempotent per (source_key, etag). Returns one row per distinct key."""
-        return db.run(
-            self.conn,
+        idempotent per (source_key, etag). Returns one row per distinct key.
+
+        Every transition takes a `bound` (`db.Bound`): it then ends within its time or raises
+        `db.DeadlineExceeded`, having changed nothing."""
+        return self._run(
             "enqueue_batch",
             {
                 "items": json.dumps(list(items)),
                 "group_id": group_id,
                 "max_attempts": self.max_attempts,
             },
+            bound,
         )
 
-    def claim(self, worker_id: str, qty: int, vt_seconds: int) -> Claim:
+    def claim(
+        self, worker_id: str, qty: int, vt_seconds: int, *, bound: db.Bound | None = None
+    ) -> Claim:
         """Lease up to `qty` jobs under the rate limit.
 
         The tokens are taken first, in a transaction of their own, so that concurrent claims
         hold the bucket row only for that one statement, never for the whole claim; the claim
-        gives back what it could not use."""
-        prepaid = limited_by_bucket = False
-        retry_after_ms: int | None = None
-        if self.bucket is not None and qty > 0:
-            grant = ratelimit.take(self.conn, self.bucket, qty, partial=True)
-            if grant is not None:
-                if grant.taken == 0:
-                    return Claim([], True, grant.retry_after_ms)
-                prepaid = True
-                limited_by_bucket = grant.taken < qty
-                retry_after_ms = grant.retry_after_ms
-                qty = grant.taken
-        row = db.one(
-            self.conn,
-            "claim",
-            {
+        gives back what it could not use. With `bound`, both statements end within it."""
+        with self._turn_for("claim", bound) as started:
+            prepaid = limited_by_bucket = False
+            retry_after_ms: int | None = None
+            if self.bucket is not None and qty > 0:
+                grant = ratelimit.take(
+                    self.conn, self.bucket, qty, partial=True, bound=_left(bound, started)
+                )
+                if grant is not None:
+                    if grant.taken == 0:
+                        return Claim([], True, grant.retry_after_ms)
+                    prepaid = True
+                    limited_by_bucket = grant.taken < qty
+                    retry_after_ms = grant.retry_after_ms
+                    qty = grant.taken
+            params = {
                 "worker_id": worker_id,
                 "qty": qty,
                 "vt_seconds": vt_seconds,
                 "bucket": self.bucket,
                 "prepaid": prepaid,
-            },
-        )
+            }
+            try:
+                row = db.one(self.conn, "claim", params, bound=_left(bound, started))
+            except db.DeadlineExceeded:
+                if prepaid and self.bucket is not None:
+                    # The claim changed nothing: hand its tokens back (best effort, briefly).
+                    with contextlib.suppress(psycopg.Error):
+                        ratelimit.refund(self.conn, self.bucket, qty, bound=_REFUND_BOUND)
+                raise
         assert row is not None
         r = row["result"]
         jobs = [ClaimedJob.from_json(j) for j in r["jobs"]]
@@ -111,22 +176,32 @@ class Queue:
             return Claim(jobs, True, retry_after_ms)
         return Claim(jobs, bool(r["rate_limited"]), r.get("retry_after_ms"))
 
-    def complete(self, worker_id: str, results: Iterable[Mapping[str, Any]]) -> int:
+    def complete(
+        self,
+        worker_id: str,
+        results: Iterable[Mapping[str, Any]],
+        *,
+        bound: db.Bound | None = None,
+    ) -> int:
         """Record finished jobs (still leased by `worker_id`); returns how many changed."""
         payload = list(results)
         if not payload:
             return 0
-        row = db.one(
-            self.conn, "complete", {"worker_id": worker_id, "results": json.dumps(payload)}
-        )
+        row = self._one("complete", {"worker_id": worker_id, "results": json.dumps(payload)}, bound)
         return int(row["completed"]) if row else 0
 
     def fail(
-        self, worker_id: str, job: ClaimedJob, code: str, message: str, permanent: bool
+        self,
+        worker_id: str,
+        job: ClaimedJob,
+        code: str,
+        message: str,
+        permanent: bool,
+        *,
+        bound: db.Bound | None = None,
     ) -> dict[str, Any]:
         """Record a failed attempt: end the job, or schedule a retry with backoff."""
-        row = db.one(
-            self.conn,
+        row = self._one(
             "fail",
             {
                 "worker_id": worker_id,
@@ -138,18 +213,21 @@ class Queue:
                 "base_s": BACKOFF_BASE_S,
                 "cap_s": BACKOFF_CAP_S,
             },
+            bound,
         )
         assert row is not None
         return dict(row["result"])
 
-    def release(self, worker_id: str, job_ids: Sequence[int]) -> int:
+    def release(
+        self, worker_id: str, job_ids: Sequence[int], *, bound: db.Bound | None = None
+    ) -> int:
         """Hand unstarted jobs' messages back at once, without counting an attempt."""
         if not job_ids:
             return 0
-        row = db.one(
-            self.conn,
+        row = self._one(
             "release",
             {"worker_id": worker_id, "job_ids": list(job_ids), "bucket": self.bucket},
+            bound,
         )
         return int(row["released"]) if row else 0
 

@@ -17,14 +17,21 @@ class Grant:
     retry_after_ms: int | None
 
 
-def take(conn: db.Conn, name: str, n: int = 1, *, partial: bool = False) -> Grant | None:
+def take(
+    conn: db.Conn, name: str, n: int = 1, *, partial: bool = False, bound: db.Bound | None = None
+) -> Grant | None:
     """Take `n` tokens (or as many as there are, with `partial`); None if no such bucket."""
-    row = db.one(conn, "take_tokens", {"name": name, "n": n, "partial": partial})
+    row = db.one(conn, "take_tokens", {"name": name, "n": n, "partial": partial}, bound=bound)
     if row is None:
         return None
     return Grant(
         bool(row["granted"]), int(row["taken"]), float(row["tokens_left"]), row["retry_after_ms"]
     )
+
+
+def refund(conn: db.Conn, name: str, n: int, *, bound: db.Bound | None = None) -> None:
+    """Give back `n` tokens taken but not used (up to the bucket's capacity)."""
+    db.run(conn, "refund_tokens", {"name": name, "n": n}, bound=bound)
 
 
 def set_limit(conn: db.Conn, name: str, capacity: float, refill_per_second: float) -> None:

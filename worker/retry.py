@@ -10,7 +10,16 @@ from dataclasses import dataclass
 
 import psycopg
 
-from worker.errors import DB_ERROR, INTERNAL, INVALID_KEY, PERMANENT_CODES, InvalidKey, ThumbqError
+from worker.db import DeadlineExceeded
+from worker.errors import (
+    DB_ERROR,
+    DB_TIMEOUT,
+    INTERNAL,
+    INVALID_KEY,
+    PERMANENT_CODES,
+    InvalidKey,
+    ThumbqError,
+)
 
 BACKOFF_BASE_S = 30
 BACKOFF_CAP_S = 15 * 60
@@ -31,6 +40,8 @@ def classify(exc: BaseException) -> Failure:
         return Failure(exc.code, exc.message, exc.code in PERMANENT_CODES)
     if isinstance(exc, InvalidKey):
         return Failure(INVALID_KEY, f"the source key cannot be stored: {exc}", True)
+    if isinstance(exc, DeadlineExceeded):
+        return Failure(DB_TIMEOUT, f"database call cut at the deadline: {exc}".strip(), False)
     if isinstance(exc, psycopg.Error):
         return Failure(DB_ERROR, f"database error: {exc}".strip(), False)
     return Failure(INTERNAL, f"{type(exc).__name__}: {exc}", False)

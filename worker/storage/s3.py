@@ -7,18 +7,21 @@ Timeouts and retries have to fit in a 10 s invocation: by default a TCP connect 
 socket read 2 s, and a call makes at most 3 attempts (botocore's standard retry mode, whose
 backoff for connection errors is a few tens of milliseconds). A refused connection therefore fails
 in well under a second, a black-holed host in about 3 s, and a server that accepts and never
-answers in about 6 s.
+answers in about 6 s. Those are per attempt and per socket read; a batch bounds each whole call by
+its deadline (`worker.storage.bounded_call`), and a call that outlives it stops at its next
+attempt or body read here.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from worker.errors import TOO_LARGE, InvalidKey, ThumbqError, validate_key
-from worker.storage import NotFound, ObjectInfo, StorageError
+from worker.storage import NotFound, ObjectInfo, StorageError, StorageTimeout, call_deadline
 
 if TYPE_CHECKING:
     from botocore.exceptions import ClientError
@@ -29,6 +32,8 @@ IMMUTABLE_CACHE_CONTROL = "public, max-age=31536000, immutable"
 
 # Bodies below this go out without waiting for "100 Continue" (see _no_expect_for_small_bodies).
 SMALL_BODY = 1024 * 1024
+# A GET body is read in pieces of at most this, so that a call past its deadline stops reading.
+READ_PIECE = 256 * 1024
 
 _NOT_FOUND_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
 
@@ -99,6 +104,7 @@ class S3Storage:
         session = boto3.session.Session()
         self.client: S3Client = session.client("s3", endpoint_url=endpoint_url, config=config)
         self.client.meta.events.register("before-send.s3.PutObject", _no_expect_for_small_bodies)
+        self.client.meta.events.register("before-send.s3", _not_past_the_deadline)
 
     @classmethod
     def from_url(
@@ -193,7 +199,7 @@ class S3Storage:
             if max_bytes is not None and size is not None and size > max_bytes:
                 raise _too_large(key, size, max_bytes)
             with self._errors("GET", key):
-                data = body.read() if max_bytes is None else body.read(max_bytes + 1)
+                data = _read_body(body, key, None if max_bytes is None else max_bytes + 1)
         finally:
             # Closing an unread body drops the connection instead of draining it.
             body.close()
@@ -272,6 +278,40 @@ class S3Storage:
                     except InvalidKey:
                         continue
                     yield ObjectInfo(key=key, etag=_etag(obj.get("ETag")), size=obj.get("Size", 0))
+
+
+def _not_past_the_deadline(request: Any, **_: Any) -> None:
+    # Raised before the request goes out, so botocore makes no further attempt of a call whose
+    # caller has stopped waiting for it (see worker.storage.bounded_call).
+    deadline = call_deadline()
+    if deadline is not None and time.monotonic() >= deadline:
+        raise StorageTimeout(f"S3 {request.method} {request.url}: the call's deadline has passed")
+
+
+def _read_body(body: Any, key: str, limit: int | None) -> bytes:
+    """Read up to `limit` bytes (all when None), stopping at the call's deadline if it has one.
+
+    botocore's read(n) waits until n bytes have come, which a slow drip can stretch for minutes
+    without tripping the per-read timeout; urllib3's read1 returns what has arrived, so the
+    deadline is checked between arrivals.
+    """
+    deadline = call_deadline()
+    read1 = getattr(getattr(body, "_raw_stream", None), "read1", None)
+    if deadline is None or read1 is None:
+        return bytes(body.read() if limit is None else body.read(limit))
+    out = bytearray()
+    while limit is None or len(out) < limit:
+        if time.monotonic() >= deadline:
+            raise StorageTimeout(f"S3 GET {key!r}: body still arriving at the call's deadline")
+        want = READ_PIECE if limit is None else min(READ_PIECE, limit - len(out))
+        try:
+            piece = read1(want)
+        except Exception as exc:  # urllib3's errors: botocore's read() would wrap them
+            raise StorageError(f"S3 GET {key!r}: reading the body failed: {exc}") from exc
+        if not piece:
+            break
+        out += piece
+    return bytes(out)
 
 
 def _no_expect_for_small_bodies(request: Any, **_: Any) -> None:

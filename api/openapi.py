@@ -527,16 +527,18 @@ def _batch_op(method: str) -> dict[str, Any]:
 def _cleanup_op(method: str) -> dict[str, Any]:
     get = method == "get"
     return _op(
-        "Reset processing jobs whose lease expired, and prune finished jobs, batch runs and"
-        " archived messages older than THUMBQ_RETENTION_DAYS (group summaries stay)."
-        + (_CRON_GET if get else ""),
+        "Reset processing jobs whose lease expired, prune finished jobs, batch runs and"
+        " archived messages older than THUMBQ_RETENTION_DAYS (group summaries stay), and remove"
+        " the temporary files that writes killed mid-way left in local file storage (those older"
+        " than 15 minutes)." + (_CRON_GET if get else ""),
         {
             "200": _json(
                 {
                     "type": "object",
-                    "required": ["reset_count", "pruned"],
+                    "required": ["reset_count", "pruned", "temp_files_removed"],
                     "properties": {
                         "reset_count": {"type": "integer"},
+                        "temp_files_removed": {"type": "integer"},
                         "pruned": {
                             "type": "object",
                             "required": ["jobs", "batch_runs", "archived"],

@@ -226,14 +226,15 @@ def cancel() -> Response:
 
 @bp.route("/cleanup-stale", methods=["POST", "GET"])
 def cleanup_stale() -> Response:
-    """Reset `processing` jobs whose lease expired and prune history past retention."""
+    """Reset `processing` jobs whose lease expired, prune history past retention, and remove
+    the temporary files of writes killed mid-way."""
     st = state()
     require_admin(st.config)
     v.check_fields(_cron_params())
     from worker.service import cleanup_stale as cleanup
 
     with st.connection() as conn:
-        result = cleanup(conn, st.config)
+        result = cleanup(conn, st.config, storage=st.storage())
     st.progress_cache.forget()
     return json_response(result)
 

@@ -264,11 +264,13 @@ def test_cleanup_stale_resets_expired_leases(client: FlaskClient, conn: db.Conn)
     assert resp.status_code == 200 and resp.get_json() == {
         "reset_count": 2,
         "pruned": {"jobs": 0, "batch_runs": 0, "archived": 0},
+        "temp_files_removed": 0,
     }
     resp = client.post("/api/thumbnails/cleanup-stale", json={}, headers=ADMIN)
     assert resp.get_json() == {
         "reset_count": 0,
         "pruned": {"jobs": 0, "batch_runs": 0, "archived": 0},
+        "temp_files_removed": 0,
     }
 
 
@@ -575,6 +577,7 @@ def test_vercel_cron_calls_with_get_and_its_cron_secret(db_url: str, tmp_path: P
     assert client.get("/api/thumbnails/cleanup-stale", headers=cron).get_json() == {
         "reset_count": 0,
         "pruned": {"jobs": 0, "batch_runs": 0, "archived": 0},
+        "temp_files_removed": 0,
     }
     for query, code in (
         ("budget_ms=abc", "invalid_request"),

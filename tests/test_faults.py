@@ -17,6 +17,7 @@ import random
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -28,8 +29,10 @@ from typing import Any
 
 import psycopg
 import pytest
+from PIL import Image
 
 from tests.faultkit import (
+    REPO_ROOT,
     LoggingStorage,
     Worker,
     driver_command,
@@ -51,7 +54,7 @@ from worker import db
 from worker.batch import VT_MARGIN_S, run_batch
 from worker.config import Config
 from worker.render.process import RenderPool
-from worker.service import enqueue
+from worker.service import backfill, enqueue
 from worker.storage.file import TEMP_PREFIX, FileStorage
 
 BUDGET_MS = 3000
@@ -252,6 +255,155 @@ def test_a_worker_killed_anywhere_loses_nothing_and_no_file_is_rendered_twice_at
     assert overdue <= BUDGET_MS / 1000 + 2
     assert seen_alive >= 3  # a worker, its zygote, a render child
     assert leftovers == []
+
+
+# Loaded by the worker processes of the next test (sitecustomize in their marker folder, first on
+# their sys.path): a disk whose fsync of a temporary file hangs until the test says go, so that an
+# invocation can be SIGKILLed in the middle of a thumbnail's write, every time.
+_SLOW_FSYNC = """
+import os, time
+
+_fsync = os.fsync
+_here = os.path.dirname(os.path.abspath(__file__))
+
+def fsync(fd):
+    try:
+        name = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        name = ""
+    if os.path.basename(name).startswith(".thumbq-tmp-"):
+        with open(os.path.join(_here, "fsyncs.log"), "a") as log:
+            log.write(f"{os.getpid()} {name}\\n")
+        deadline = time.monotonic() + 60
+        while not os.path.exists(os.path.join(_here, "go")) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    return _fsync(fd)
+
+os.fsync = fsync
+"""
+
+
+@pytest.mark.slow
+def test_writes_killed_mid_way_leave_no_temporary_file_after_cleanup_stale(
+    tmp_path: Path, db_url: str
+) -> None:
+    """Regression (issue 9): SIGKILLing invocations mid-write left `.thumbq-tmp-*` files in the
+    thumbnail folders for ever. They are never listed; cleanup-stale removes them once they are
+    older than any live write, and a live write keeps its own."""
+    root, log = tmp_path / "storage", tmp_path / "storage.log"
+    marker = tmp_path / f"marker-{uuid.uuid4().hex}"
+    marker.mkdir()
+    (marker / "sitecustomize.py").write_text(_SLOW_FSYNC)
+    fsyncs = marker / "fsyncs.log"
+    storage = FileStorage(root)
+    items = []
+    for i in range(12):
+        storage.put(f"pics/{i:02d}.png", tiny_png(i, (320, 240)), "image/png")
+        items.append({"source_key": f"pics/{i:02d}.png", "content_type": "image/png"})
+    config = make_config(tmp_path, db_url, THUMBQ_BUDGET_MS="8000", THUMBQ_BUFFER_MS="2000")
+    with db.connect(db_url) as conn:
+        enqueue(conn, storage, config, items, "killed-writes")
+    # Two items an invocation, so that each new one finds work while the killed ones' leases run.
+    env = driver_env(db_url, marker, budget_ms=8000, buffer_ms=2000, concurrency=2, batch_size=2)
+    argv = driver_command(root, log, until_drained=True)
+
+    def writes_started() -> list[tuple[int, Path]]:
+        """(pid, temporary file) of every thumbnail write that reached its fsync."""
+        lines = fsyncs.read_text().splitlines() if fsyncs.exists() else []
+        return [(int(pid), Path(name)) for pid, name in (ln.split(" ", 1) for ln in lines)]
+
+    def wait_for_writes(n: int) -> None:
+        deadline = time.monotonic() + 30
+        while len(writes_started()) < n:
+            assert time.monotonic() < deadline, "no thumbnail write started"
+            time.sleep(0.02)
+
+    # Three invocations, each SIGKILLed while it writes a thumbnail.
+    killed: list[int] = []
+    for k in range(3):
+        w = Worker(argv, env, tmp_path / f"killed-{k}.out")
+        wait_for_writes(len(writes_started()) + 1)
+        time.sleep(0.1)  # its other worker thread may be writing too
+        w.kill()
+        killed.append(w.pid)
+    left = sorted(root.rglob(f"{TEMP_PREFIX}*"))
+    assert len(left) >= 3, left
+    # Never an object: not listed, not backfilled, and no thumbnail is partial.
+    listed = [o.key for o in storage.list("")]
+    assert not [k for k in listed if TEMP_PREFIX in k]
+    with db.connect(db_url) as conn:
+        filled = backfill(conn, storage, config, "")
+    assert filled["listed"] == 12, filled
+    for o in storage.list("thumbnails/"):
+        with Image.open(root / o.key) as img:
+            img.load()
+
+    # A fourth invocation is writing right now: its temporary file is young and must survive.
+    live = Worker(argv, env, tmp_path / "live.out")
+    try:
+        wait_for_writes(len(writes_started()) + 1)
+        live_tmp = [n for p, n in writes_started() if p == live.pid]
+        assert live_tmp and live_tmp[0].exists()
+        # The leftovers are too young to be sure they are no live write's.
+        assert _cleanup_stale_cli(env, root)["temp_files_removed"] == 0
+        # Sixteen minutes later (as far as the files can tell):
+        old = time.time() - 16 * 60
+        for path in left:
+            os.utime(path, (old, old))
+        swept = _cleanup_stale_cli(env, root)
+        assert swept["temp_files_removed"] == len(left), (swept, left)
+        assert live_tmp[0].exists()  # the live write kept its file
+        (marker / "go").touch()  # its disk answers again: the write completes
+        deadline = time.monotonic() + 30
+        while live_tmp[0].exists():
+            assert time.monotonic() < deadline, "the live write never completed"
+            time.sleep(0.05)
+        written = [
+            o.key
+            for o in storage.list("thumbnails/")
+            if o.key.startswith(str(live_tmp[0].parent.relative_to(root)))
+        ]
+        assert written, "the live write's thumbnail is not in place"
+    finally:
+        live.stop()
+
+    # Everything the killed invocations held comes back when their leases end: end them now.
+    with db.connect(db_url) as conn:
+        conn.execute(
+            "update thumbq.jobs set lease_expires_at = now() - interval '1 s'"
+            " where status = 'processing'"
+        )
+        conn.execute(
+            "select pgmq.set_vt('thumbq_jobs', msg_id, 0) from thumbq.jobs"
+            " where status in ('processing', 'pending')"
+        ).fetchall()
+        final = Worker(argv, env, tmp_path / "final.out")
+        assert final.proc.wait(120) == 0, final.out.read_text()[-2000:]
+        statuses = status_counts(conn)
+        checked = thumbnails_match(conn, storage)
+    report(
+        "killed_writes",
+        {"killed": killed, "temp_files_left_by_kills": len(left), "swept": swept},
+    )
+    assert statuses == {"completed": 12}, statuses
+    assert checked == 12
+    assert temp_files(root) == 0
+
+
+def _cleanup_stale_cli(env: dict[str, str], root: Path) -> dict[str, int]:
+    """`thumbq cleanup-stale`, as an operator (or its schedule) runs it."""
+    clean_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
+    clean_env["THUMBQ_STORAGE_URL"] = root.as_uri()
+    proc = subprocess.run(
+        [sys.executable, "-m", "worker.cli", "cleanup-stale"],
+        env=clean_env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return dict(json.loads(proc.stdout))
 
 
 # -- 2. concurrent invocations ----------------------------------------------------------------

@@ -406,7 +406,7 @@ def cmd_cleanup_stale(rt: Runtime, args: argparse.Namespace) -> int:
     from worker.service import cleanup_stale
 
     with _connect(rt) as conn:
-        print_json(cleanup_stale(conn, rt.config))
+        print_json(cleanup_stale(conn, rt.config, storage=_storage(rt)))
     return 0
 
 
@@ -1188,7 +1188,8 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_cleanup_stale,
         "reset processing jobs whose lease expired (their batch was killed), prune old history",
         "Finished jobs, batch runs and pgmq archives older than THUMBQ_RETENTION_DAYS are "
-        "pruned in bounded chunks; group summaries stay.",
+        "pruned in bounded chunks; group summaries stay. Temporary files that writes killed "
+        "mid-way left in local file storage are removed once 15 minutes old.",
         ENV_DATABASE,
         {"THUMBQ_RETENTION_DAYS": "keep finished jobs this many days (30; 0 keeps everything)"},
     )

@@ -117,9 +117,14 @@ def backfill(
 
 
 def cleanup_stale(
-    conn: db.Conn, config: Config, *, time_limit_ms: int | None = None
+    conn: db.Conn,
+    config: Config,
+    *,
+    storage: Storage | None = None,
+    time_limit_ms: int | None = None,
 ) -> dict[str, Any]:
-    """Reset expired leases and prune history past `THUMBQ_RETENTION_DAYS`, in bounded chunks.
+    """Reset expired leases and prune history past `THUMBQ_RETENTION_DAYS`, in bounded chunks;
+    with `storage`, also remove the temporary files of writes killed mid-way (`temp_files_removed`).
 
     Stops pruning when `time_limit_ms` (default: the batch's work window) has passed; what is
     left is pruned by the next call."""
@@ -139,4 +144,14 @@ def cleanup_stale(
             pruned[k] += chunk.get(k, 0)
         if max(chunk.values(), default=0) < PRUNE_CHUNK:
             break
-    return {"reset_count": reset, "pruned": pruned}
+    result: dict[str, Any] = {"reset_count": reset, "pruned": pruned}
+    if storage is not None:
+        result["temp_files_removed"] = sweep_temp_files(storage)
+    return result
+
+
+def sweep_temp_files(storage: Storage) -> int:
+    """Remove what writes killed mid-way left in storage: the local folder's temporary files
+    older than a live write can be (S3 PUTs are atomic and leave nothing). Returns how many."""
+    sweep = getattr(storage, "sweep_temp_files", None)
+    return int(sweep()) if sweep is not None else 0

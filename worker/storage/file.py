@@ -14,6 +14,9 @@ Design choices, in short:
   a reader sees the old file or the whole new one. The fsync is there because the job is marked
   `completed` in Postgres right after `put` returns; without it a power loss could leave an empty
   or torn thumbnail behind a `completed` row. It costs a few milliseconds per thumbnail.
+- A process killed between creating that temporary file and renaming it leaves it behind. It is
+  never an object (`list` skips it, no key may name it), and `sweep_temp_files` (run by
+  `cleanup-stale`) removes those old enough that no live write can own them.
 """
 
 from __future__ import annotations
@@ -41,6 +44,9 @@ _Found = list[tuple[str, os.stat_result]]
 # Temporary files from `put` start with this; `list` skips them and no key may use it, so a crash
 # mid-write never shows up as an object.
 TEMP_PREFIX = ".thumbq-tmp-"
+# A temporary file this much older than its last write belongs to no live write: a write takes
+# milliseconds, is bounded by its invocation's budget, and serverless functions run 15 min at most.
+TEMP_MIN_AGE_S = 15 * 60
 
 
 def _etag(st: os.stat_result) -> str:
@@ -229,6 +235,36 @@ class FileStorage:
         found.sort(key=lambda item: item[0])
         for key, st in found:
             yield self._info(key, st)
+
+    def sweep_temp_files(self, min_age_s: float = TEMP_MIN_AGE_S) -> int:
+        """Remove the temporary files of writes that were killed before their rename, those
+        last written over `min_age_s` ago; returns how many. Symlinks are not followed."""
+        cutoff = time.time() - min_age_s
+        removed = 0
+        stack = [self.root]
+        while stack:
+            try:
+                entries = list(os.scandir(stack.pop()))
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            except OSError as exc:
+                raise StorageError(f"cannot sweep {self.url}: {exc.strerror}") from exc
+            for entry in entries:
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(Path(entry.path))
+                    elif (
+                        entry.name.startswith(TEMP_PREFIX)
+                        and entry.is_file(follow_symlinks=False)
+                        and entry.stat(follow_symlinks=False).st_mtime < cutoff
+                    ):
+                        os.unlink(entry.path)
+                        removed += 1
+                except FileNotFoundError:
+                    continue  # renamed or removed meanwhile
+                except OSError as exc:
+                    raise StorageError(f"cannot sweep {entry.path!r}: {exc.strerror}") from exc
+        return removed
 
     def _walk(self, directory: Path, rel: str, prefix: str, found: _Found) -> None:
         try:

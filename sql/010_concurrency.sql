@@ -1,33 +1,296 @@
--- Correct under concurrency, bounded in history. Replaces the transitions of 003 with versions
--- that hold under any number of concurrent invocations, enqueues and admin calls, and adds
+-- The engine after 0.1.0: transitions correct under concurrency, tasks (any job on the engine,
+-- thumbnails being the built-in one) with priorities, ordered keys and checkpoints, and
 -- retention. 001..009 shipped in 0.1.0 and are never edited: this file changes what they made.
 --
 -- One lock order in every transition:
---   source-key advisory locks (enqueue only, sorted)
---   -> job rows (SELECT ... ORDER BY id FOR UPDATE)
+--   advisory locks on source keys, idempotency keys and ordering keys (sorted)
+--   -> job rows (SELECT ... ORDER BY id FOR UPDATE, all of a transition's rows in one pass)
 --   -> queue messages (pgmq.delete / set_vt / send)
 --   -> token buckets (takes and refunds)
 --   -> group rows (thumbq.lock_groups, sorted, or the single status UPDATE whose trigger sorts).
 -- claim is the one transition that meets messages before job rows (pgmq.read locks what it
 -- reads); it takes both with SKIP LOCKED, so it never waits for either and cannot close a cycle.
--- Each transition changes statuses (and so group rows, through the triggers of 002) only at its
--- end, after every message operation. A deadlock that still happens (an operator's own
--- statements, a foreign trigger) is retried inside the transition, a bounded number of times.
+-- Each transition changes statuses (and so group rows, through the triggers) only at its end,
+-- after every message operation. A deadlock that still happens (an operator's own statements,
+-- a foreign trigger) is retried inside the transition, a bounded number of times.
+--
+-- Queues: a job's message lives in the queue of its priority (thumbq_jobs for 0, thumbq_jobs_p1
+-- .. thumbq_jobs_p9); every job that waits or runs has exactly one message, except the jobs of
+-- an ordering key behind its head, which get theirs when the head is done.
 
--- Columns of the formats work (several sizes, placeholders, degraded renders) ---------------
+-- Columns: several sizes, placeholders, degraded renders; tasks ---------------------------
 
 alter table thumbq.jobs add column if not exists thumbnails jsonb;
 alter table thumbq.jobs add column if not exists thumbhash text;
 alter table thumbq.jobs add column if not exists dominant_color text;
 alter table thumbq.jobs add column if not exists degraded boolean not null default false;
 
--- Locks -------------------------------------------------------------------------------------
+-- A task's job has no source object.
+alter table thumbq.jobs alter column source_key drop not null;
+alter table thumbq.jobs add column if not exists task text not null default 'thumbnail'
+  check (length(task) between 1 and 200);
+alter table thumbq.jobs add column if not exists payload jsonb;
+alter table thumbq.jobs add column if not exists result jsonb;
+-- What the handler checkpointed: a later invocation resumes from it.
+alter table thumbq.jobs add column if not exists state jsonb;
+alter table thumbq.jobs add column if not exists checkpoints integer not null default 0;
+alter table thumbq.jobs add column if not exists priority smallint not null default 0
+  check (priority between 0 and 9);
+alter table thumbq.jobs add column if not exists ordering_key text
+  check (length(ordering_key) between 1 and 200);
+alter table thumbq.jobs add column if not exists sequence bigint;
+alter table thumbq.jobs add column if not exists idempotency_key text
+  check (length(idempotency_key) between 1 and 400);
+alter table thumbq.jobs add column if not exists progress_done bigint;
+alter table thumbq.jobs add column if not exists progress_total bigint;
+
+create unique index if not exists jobs_task_idempotency_key
+  on thumbq.jobs (task, idempotency_key) where idempotency_key is not null;
+create unique index if not exists jobs_ordering_key_sequence
+  on thumbq.jobs (ordering_key, sequence) where ordering_key is not null;
+-- The oldest waiting job of each priority: what ageing reads, one index probe per priority.
+create index if not exists jobs_waiting_idx on thumbq.jobs (priority, created_at)
+  where status = 'pending';
+-- Jobs of an ordering key waiting behind its head (they have no message yet).
+create index if not exists jobs_held_idx on thumbq.jobs (ordering_key)
+  where status = 'pending' and msg_id is null;
+
+alter table thumbq.groups add column if not exists progress_done bigint not null default 0;
+alter table thumbq.groups add column if not exists progress_total bigint not null default 0;
+
+-- What the engine knows of each task: which bucket limits it. Workers write their registered
+-- tasks here at start; an operator changes a task's bucket with one UPDATE. A task with no row
+-- (or no bucket) is not rate limited.
+create table if not exists thumbq.tasks (
+  name         text primary key check (length(name) between 1 and 200),
+  bucket       text,
+  max_attempts integer check (max_attempts between 1 and 100),
+  runs_in      text check (runs_in in ('process', 'thread')),
+  updated_at   timestamptz not null default clock_timestamp()
+);
+insert into thumbq.tasks (name, bucket, max_attempts, runs_in)
+values ('thumbnail', 'thumbnail_generation', 3, 'thread')
+on conflict (name) do nothing;
+alter table thumbq.tasks enable row level security;
+grant all on thumbq.tasks to service_role;
+do $$
+begin
+  if not exists (select 1 from pg_policies where schemaname = 'thumbq' and tablename = 'tasks'
+                 and policyname = 'service_role_all') then
+    create policy service_role_all on thumbq.tasks to service_role using (true) with check (true);
+  end if;
+end
+$$;
+
+-- One queue per priority above 0.
+do $$
+declare
+  p integer;
+begin
+  for p in 1..9 loop
+    if not exists (select 1 from pgmq.list_queues() where queue_name = 'thumbq_jobs_p' || p) then
+      perform pgmq.create('thumbq_jobs_p' || p);
+    end if;
+  end loop;
+end
+$$;
+
+create or replace function thumbq.band_queue(p_priority integer)
+returns text
+language sql
+immutable
+as $$
+  select case when coalesce(p_priority, 0) <= 0 then 'thumbq_jobs'
+              else 'thumbq_jobs_p' || least(p_priority, 9) end
+$$;
+
+-- Group summaries with progress -------------------------------------------------------------
+
+do $$
+begin
+  if not exists (select 1 from pg_type t join pg_namespace n on n.oid = t.typnamespace
+                 where n.nspname = 'thumbq' and t.typname = 'group_change') then
+    create type thumbq.group_change as (group_id text, status text, d integer, done bigint,
+                                        total bigint);
+  end if;
+end
+$$;
+
+-- Add one statement's changes to the group rows in one upsert, locking them in group_id order:
+-- counts per status and the sums of the jobs' progress.
+create or replace function thumbq.apply_group_changes(p_changes thumbq.group_change[])
+returns void
+language plpgsql
+as $$
+begin
+  insert into thumbq.groups as g
+    (group_id, total, pending, processing, completed, failed, unsupported, cancelled,
+     progress_done, progress_total, version, updated_at, last_done_at, wave_started_at)
+  select x.group_id,
+         sum(x.d),
+         coalesce(sum(x.d) filter (where x.status = 'pending'), 0),
+         coalesce(sum(x.d) filter (where x.status = 'processing'), 0),
+         coalesce(sum(x.d) filter (where x.status = 'completed'), 0),
+         coalesce(sum(x.d) filter (where x.status = 'failed'), 0),
+         coalesce(sum(x.d) filter (where x.status = 'unsupported'), 0),
+         coalesce(sum(x.d) filter (where x.status = 'cancelled'), 0),
+         coalesce(sum(x.done), 0),
+         coalesce(sum(x.total), 0),
+         1,
+         clock_timestamp(),
+         case when bool_or(x.d > 0 and x.status in ('completed', 'failed', 'unsupported',
+                                                      'cancelled'))
+              then clock_timestamp() end,
+         case when bool_or(x.d > 0 and x.status = 'processing') then clock_timestamp() end
+    from unnest(p_changes) x
+   group by x.group_id
+  having bool_or(x.d <> 0)
+   order by x.group_id
+  on conflict (group_id) do update set
+    total       = g.total + excluded.total,
+    pending     = g.pending + excluded.pending,
+    processing  = g.processing + excluded.processing,
+    completed   = g.completed + excluded.completed,
+    failed      = g.failed + excluded.failed,
+    unsupported = g.unsupported + excluded.unsupported,
+    cancelled   = g.cancelled + excluded.cancelled,
+    progress_done  = g.progress_done + excluded.progress_done,
+    progress_total = g.progress_total + excluded.progress_total,
+    version     = g.version + 1,
+    updated_at  = excluded.updated_at,
+    last_done_at = coalesce(excluded.last_done_at, g.last_done_at),
+    -- A wave starts at the first claim while none is running and ends when nothing is left.
+    wave_started_at = case
+      when g.pending + excluded.pending + g.processing + excluded.processing = 0 then null
+      when g.wave_started_at is null then excluded.wave_started_at
+      else g.wave_started_at end,
+    wave_done_base = case
+      when g.wave_started_at is null and excluded.wave_started_at is not null
+        then g.completed + g.failed + g.unsupported + g.cancelled
+      else g.wave_done_base end;
+end
+$$;
+
+create or replace function thumbq.jobs_after_insert() returns trigger
+language plpgsql as $$
+declare
+  v thumbq.group_change[];
+begin
+  select array_agg(row(n.group_id, n.status, 1, coalesce(n.progress_done, 0),
+                       coalesce(n.progress_total, 0))::thumbq.group_change) into v
+    from new_rows n;
+  if v is not null then
+    perform thumbq.apply_group_changes(v);
+  end if;
+  return null;
+end
+$$;
+
+create or replace function thumbq.jobs_after_update() returns trigger
+language plpgsql as $$
+declare
+  v thumbq.group_change[];
+begin
+  select array_agg(c.change) into v
+    from old_rows o
+    join new_rows n on n.id = o.id
+   cross join lateral (values
+     (row(o.group_id, o.status, -1, -coalesce(o.progress_done, 0),
+          -coalesce(o.progress_total, 0))::thumbq.group_change),
+     (row(n.group_id, n.status, 1, coalesce(n.progress_done, 0),
+          coalesce(n.progress_total, 0))::thumbq.group_change)) c(change)
+   where o.status is distinct from n.status or o.group_id is distinct from n.group_id
+      or o.progress_done is distinct from n.progress_done
+      or o.progress_total is distinct from n.progress_total;
+  -- Most updates that change neither status nor progress (msg_id, dlq_msg_id, an UPDATE
+  -- matching nothing) stop here.
+  if v is not null then
+    perform thumbq.apply_group_changes(v);
+  end if;
+  return null;
+end
+$$;
+
+-- Deleting old jobs for retention keeps the groups' summaries: a group still says how many
+-- files it had and how they ended. The flag is local to the pruning transaction.
+create or replace function thumbq.jobs_after_delete() returns trigger
+language plpgsql as $$
+declare
+  v thumbq.group_change[];
+begin
+  if current_setting('thumbq.retention', true) = 'on' then
+    return null;
+  end if;
+  select array_agg(row(o.group_id, o.status, -1, -coalesce(o.progress_done, 0),
+                       -coalesce(o.progress_total, 0))::thumbq.group_change) into v
+    from old_rows o;
+  if v is not null then
+    perform thumbq.apply_group_changes(v);
+  end if;
+  return null;
+end
+$$;
+
+-- Progress of one group, with its jobs' summed progress. A new name, since 003's progress(text)
+-- keeps its columns: re-applying 003 (db init does, after a change) must not fail, and code of
+-- the previous release keeps working during a deploy.
+create or replace function thumbq.progress_v2(p_group_id text)
+returns table (group_id text, total integer, pending integer, processing integer,
+               completed integer, failed integer, unsupported integer, cancelled integer,
+               progress_percentage numeric, estimated_time_remaining_seconds integer,
+               rate_per_second double precision, version bigint, updated_at timestamptz,
+               progress_done bigint, progress_total bigint)
+language sql
+stable
+as $$
+  select g.group_id, g.total, g.pending, g.processing, g.completed, g.failed, g.unsupported,
+         g.cancelled,
+         case when g.total = 0 then 0
+              else round(100.0 * (g.total - g.pending - g.processing) / g.total, 1) end,
+         case when g.pending + g.processing = 0 then 0
+              when r.rate > 0 then ceil((g.pending + g.processing) / r.rate)::integer end,
+         r.rate,
+         g.version, g.updated_at, g.progress_done, g.progress_total
+    from thumbq.groups g
+    cross join lateral (
+      select case
+        when g.wave_started_at is not null and g.last_done_at > g.wave_started_at
+             and g.completed + g.failed + g.unsupported + g.cancelled > g.wave_done_base
+        then (g.completed + g.failed + g.unsupported + g.cancelled - g.wave_done_base)
+             / extract(epoch from g.last_done_at - g.wave_started_at)::double precision
+      end as rate) r
+   where g.group_id = p_group_id
+$$;
+grant execute on function thumbq.progress_v2(text) to authenticated;
+
+-- A user's progress read in one statement, through RLS (as 009's, with progress_v2).
+create or replace function thumbq.progress_as_user_v2(p_claims text, p_group_id text)
+returns table (group_id text, total integer, pending integer, processing integer,
+               completed integer, failed integer, unsupported integer, cancelled integer,
+               progress_percentage numeric, estimated_time_remaining_seconds integer,
+               rate_per_second double precision, version bigint, updated_at timestamptz,
+               progress_done bigint, progress_total bigint)
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+  perform set_config('role', 'authenticated', true),
+          set_config('request.jwt.claims', p_claims, true);
+  return query select * from thumbq.progress_v2(p_group_id);
+end;
+$$;
+revoke execute on function thumbq.progress_as_user_v2(text, text)
+  from public, anon, authenticated;
+
+-- Locks and message helpers ------------------------------------------------------------------
 
 -- Lock the existing group rows a transition is about to change, in group_id order. Called
 -- after every message operation and before the status changes, so that a transition with
 -- several status statements takes its group rows at one point, in one order. Missing rows are
 -- created by the status statement's trigger (inserted in order; two transactions only meet on
--- a new row when both create it, and the retry below covers that corner).
+-- a new row when both create it, and the retry of each transition covers that corner).
 create or replace function thumbq.lock_groups(p_groups text[])
 returns void
 language plpgsql
@@ -40,21 +303,93 @@ begin
 end
 $$;
 
--- Serialise enqueues of the same source keys (so that two enqueues of one version never both
--- send a message), in a fixed order so that overlapping enqueues cannot deadlock. Transaction
--- scoped: safe behind a transaction-mode pooler.
-create or replace function thumbq.lock_source_keys(p_keys text[])
+-- Serialise transitions that share a key (so that two enqueues of one version never both send
+-- a message, and an ordering key's head changes one transition at a time), in a fixed order so
+-- that overlapping callers cannot deadlock. Transaction scoped: safe behind a transaction-mode
+-- pooler. Keys are namespaced by the caller ('src:', 'idem:', 'ord:').
+create or replace function thumbq.lock_keys(p_keys text[])
 returns void
 language sql
 as $$
   select count(pg_advisory_xact_lock(1953002865, h))::integer * 0
-    from (select distinct hashtext(k) as h from unnest(p_keys) k order by 1) s
+    from (select distinct hashtext(k) as h from unnest(p_keys) k where k is not null
+           order by 1) s
+$$;
+drop function if exists thumbq.lock_source_keys(text[]);
+
+-- Delete messages, each from the queue of its job's priority.
+create or replace function thumbq.delete_messages(p_priorities integer[], p_msgs bigint[])
+returns void
+language plpgsql
+as $$
+declare
+  r record;
+begin
+  for r in select x.p, array_agg(x.m) as msgs
+             from unnest(p_priorities, p_msgs) as x(p, m)
+            where x.m is not null
+            group by x.p order by x.p loop
+    perform pgmq.delete(thumbq.band_queue(r.p), r.msgs);
+  end loop;
+end
+$$;
+
+-- Set messages' visibility timeouts, each in the queue of its job's priority.
+create or replace function thumbq.set_message_vt(p_priorities integer[], p_msgs bigint[],
+                                                 p_vt_seconds integer[])
+returns void
+language sql
+as $$
+  select count(*)::integer * 0
+    from unnest(p_priorities, p_msgs, p_vt_seconds) as x(p, m, vt),
+         lateral pgmq.set_vt(thumbq.band_queue(x.p), x.m, x.vt)
+   where x.m is not null
+$$;
+
+-- The head of each ordering key: the waiting or unfinished job with the lowest sequence, once
+-- the jobs in p_done have finished. Only a head that waits without a message is returned: it
+-- is the one to send a message for. A failed or unsupported head holds the rest until it is
+-- retried or cancelled. Call with the keys locked (lock_keys('ord:' || key)).
+create or replace function thumbq.heads_to_release(p_keys text[], p_done bigint[])
+returns table (job_id bigint, priority integer)
+language sql
+stable
+as $$
+  select h.id, h.priority
+    from unnest(p_keys) k(key)
+    cross join lateral (
+      select j.id, j.priority::integer, j.status, j.msg_id
+        from thumbq.jobs j
+       where j.ordering_key = k.key
+         and j.status in ('pending', 'processing', 'failed', 'unsupported')
+         and not (j.id = any(coalesce(p_done, '{}')))
+       order by j.sequence
+       limit 1) h
+   where h.status = 'pending' and h.msg_id is null
 $$;
 
 -- Enqueue ------------------------------------------------------------------------------------
 
--- Enqueue many objects: p_items is a JSON array of
--- {"source_key", "etag"?, "content_type"?, "group_id"?, "bytes"?}. One row per
+-- The items of an enqueue call as rows; the last one wins when a key appears twice. An item
+-- may carry a priority (0-9).
+create or replace function thumbq.enqueue_items_v2(p_items jsonb, p_group_id text)
+returns table (ord bigint, source_key text, source_etag text, content_type text,
+               group_id text, source_bytes bigint, priority integer)
+language sql
+immutable
+as $$
+  select distinct on (i.value->>'source_key')
+         i.ord, i.value->>'source_key', coalesce(i.value->>'etag', ''),
+         nullif(i.value->>'content_type', ''),
+         coalesce(nullif(i.value->>'group_id', ''), p_group_id),
+         (i.value->>'bytes')::bigint,
+         coalesce((i.value->>'priority')::integer, 0)
+    from jsonb_array_elements(p_items) with ordinality as i(value, ord)
+   order by i.value->>'source_key', i.ord desc
+$$;
+
+-- Enqueue many objects for thumbnails: p_items is a JSON array of
+-- {"source_key", "etag"?, "content_type"?, "group_id"?, "bytes"?, "priority"?}. One row per
 -- (source_key, etag): enqueueing the same version again returns the existing job; a cancelled
 -- one is queued again (into the new group); a new etag supersedes (cancels) the pending or
 -- processing jobs of older versions of the same key. Every job that waits has exactly one
@@ -69,14 +404,15 @@ language plpgsql
 as $$
 #variable_conflict use_column
 declare
-  v_keys text[];
   v_sup_ids bigint[];
   v_sup_msgs bigint[];
+  v_sup_prio integer[];
   v_sup_groups text[];
   v_req_ids bigint[];
   v_req_groups text[];
-  v_req_msgs bigint[] := '{}';
   v_req_delays integer[];
+  v_req_prio integer[];
+  v_req_msgs bigint[];
   v_fresh jsonb;
   v_out jsonb;
   v_attempt integer := 0;
@@ -85,44 +421,43 @@ begin
     raise exception 'thumbq.enqueue_batch: p_items must be a JSON array' using errcode = '22023';
   end if;
   if exists (select 1 from jsonb_array_elements(p_items) e
-              where jsonb_typeof(e) <> 'object' or coalesce(e->>'source_key', '') = '') then
-    raise exception 'thumbq.enqueue_batch: every item needs a source_key' using errcode = '22023';
+              where jsonb_typeof(e) <> 'object' or coalesce(e->>'source_key', '') = ''
+                 or coalesce(e->>'priority', '0') !~ '^[0-9]$') then
+    raise exception 'thumbq.enqueue_batch: every item needs a source_key (and a priority 0-9)'
+      using errcode = '22023';
   end if;
 
   loop
     begin
-      select array_agg(i.source_key) into v_keys
-        from thumbq.enqueue_items(p_items, p_group_id) i;
-      perform thumbq.lock_source_keys(v_keys);
+      perform thumbq.lock_keys(array(select 'src:' || i.source_key
+                                       from thumbq.enqueue_items_v2(p_items, p_group_id) i));
 
-      -- Older versions still waiting or running: locked, their messages deleted, then
-      -- cancelled as superseded.
-      select array_agg(s.id), array_agg(s.msg_id) filter (where s.msg_id is not null),
-             array_agg(s.group_id)
-        into v_sup_ids, v_sup_msgs, v_sup_groups
-        from (select j.id, j.msg_id, j.group_id
-                from thumbq.jobs j
-                join thumbq.enqueue_items(p_items, p_group_id) i
-                  on j.source_key = i.source_key and j.source_etag <> i.source_etag
-               where j.status in ('pending', 'processing')
-               order by j.id
-                 for update of j) s;
-
-      -- Cancelled versions asked for again: locked, then queued again with one new message.
-      -- One cancelled while it ran is not visible before that run's lease ends: the cancelled
-      -- run may still be rendering it, and a file is never rendered twice at the same time.
-      select array_agg(s.id), array_agg(s.group_id) || array_agg(s.new_group),
-             array_agg(s.delay_s)
-        into v_req_ids, v_req_groups, v_req_delays
-        from (select j.id, j.group_id, i.group_id as new_group,
-                     coalesce(greatest(0, ceil(extract(epoch from
-                       j.lease_expires_at - clock_timestamp())))::integer, 0) as delay_s
-                from thumbq.jobs j
-                join thumbq.enqueue_items(p_items, p_group_id) i
-                  on j.source_key = i.source_key and j.source_etag = i.source_etag
-               where j.status = 'cancelled'
-               order by j.id
-                 for update of j) s;
+      -- Older versions still waiting or running, and cancelled versions asked for again: all
+      -- their rows locked in one pass, in id order.
+      with l as (
+        select j.id, j.msg_id, j.priority::integer as prio, j.group_id,
+               i.group_id as new_group, j.source_etag = i.source_etag as requeue,
+               coalesce(greatest(0, ceil(extract(epoch from
+                 j.lease_expires_at - clock_timestamp())))::integer, 0) as delay_s
+          from thumbq.jobs j
+          join thumbq.enqueue_items_v2(p_items, p_group_id) i on j.source_key = i.source_key
+         where (j.source_etag <> i.source_etag and j.status in ('pending', 'processing'))
+            or (j.source_etag = i.source_etag and j.status = 'cancelled')
+         order by j.id
+           for update of j
+      )
+      select array_agg(l.id) filter (where not l.requeue),
+             array_agg(l.msg_id) filter (where not l.requeue),
+             array_agg(l.prio) filter (where not l.requeue),
+             array_agg(l.group_id) filter (where not l.requeue),
+             array_agg(l.id) filter (where l.requeue),
+             array_agg(l.group_id) filter (where l.requeue)
+               || array_agg(l.new_group) filter (where l.requeue),
+             array_agg(l.delay_s) filter (where l.requeue),
+             array_agg(l.prio) filter (where l.requeue)
+        into v_sup_ids, v_sup_msgs, v_sup_prio, v_sup_groups,
+             v_req_ids, v_req_groups, v_req_delays, v_req_prio
+        from l;
 
       -- Versions never seen: ids drawn now, so that each message names its job. No concurrent
       -- enqueue can insert the same version meanwhile: its key is locked.
@@ -130,25 +465,29 @@ begin
                'id', nextval(pg_get_serial_sequence('thumbq.jobs', 'id')),
                'ord', i.ord, 'source_key', i.source_key, 'source_etag', i.source_etag,
                'content_type', i.content_type, 'group_id', i.group_id,
-               'source_bytes', i.source_bytes)), '[]'::jsonb)
+               'source_bytes', i.source_bytes, 'priority', i.priority)), '[]'::jsonb)
         into v_fresh
-        from thumbq.enqueue_items(p_items, p_group_id) i
+        from thumbq.enqueue_items_v2(p_items, p_group_id) i
        where not exists (select 1 from thumbq.jobs j
                           where j.source_key = i.source_key and j.source_etag = i.source_etag);
 
-      -- Messages: delete the superseded, send one per job that waits again or anew.
-      if v_sup_msgs is not null then
-        perform pgmq.delete('thumbq_jobs', v_sup_msgs);
+      -- Messages: delete the superseded, send one per job that waits again or anew. A version
+      -- cancelled while it ran is not visible before that run's lease ends: the cancelled run
+      -- may still be rendering it, and a file is never rendered twice at the same time.
+      if v_sup_ids is not null then
+        perform thumbq.delete_messages(v_sup_prio, v_sup_msgs);
       end if;
-      v_req_msgs := '{}';
+      v_req_msgs := null;
       if v_req_ids is not null then
-        select array_agg((select pgmq.send('thumbq_jobs', jsonb_build_object('job_id', r.id),
-                                           r.delay_s)) order by r.ord)
+        select array_agg((select pgmq.send(thumbq.band_queue(r.p),
+                                           jsonb_build_object('job_id', r.id), r.delay_s))
+                         order by r.ord)
           into v_req_msgs
-          from unnest(v_req_ids, v_req_delays) with ordinality as r(id, delay_s, ord);
+          from unnest(v_req_ids, v_req_delays, v_req_prio) with ordinality as r(id, delay_s, p, ord);
       end if;
       select coalesce(jsonb_agg(f || jsonb_build_object('msg_id',
-                        (select pgmq.send('thumbq_jobs', jsonb_build_object('job_id', f->'id'))))),
+                        (select pgmq.send(thumbq.band_queue((f->>'priority')::integer),
+                                          jsonb_build_object('job_id', f->'id'))))),
                       '[]'::jsonb)
         into v_fresh
         from jsonb_array_elements(v_fresh) f;
@@ -165,7 +504,7 @@ begin
                             || ') was enqueued',
                completed_at = clock_timestamp(), updated_at = clock_timestamp(),
                msg_id = null
-          from thumbq.enqueue_items(p_items, p_group_id) i
+          from thumbq.enqueue_items_v2(p_items, p_group_id) i
          where j.id = any(v_sup_ids) and j.source_key = i.source_key;
       end if;
 
@@ -179,17 +518,17 @@ begin
                max_attempts = p_max_attempts, msg_id = m.msg_id,
                updated_at = clock_timestamp()
           from unnest(v_req_ids, v_req_msgs) as m(job_id, msg_id),
-               thumbq.enqueue_items(p_items, p_group_id) i
+               thumbq.enqueue_items_v2(p_items, p_group_id) i
          where j.id = m.job_id and j.source_key = i.source_key
            and j.source_etag = i.source_etag;
       end if;
 
       with ins as (
         insert into thumbq.jobs as j (id, group_id, source_key, source_etag, source_bytes,
-                                      content_type, max_attempts, msg_id)
+                                      content_type, max_attempts, msg_id, priority)
         select (f->>'id')::bigint, f->>'group_id', f->>'source_key', f->>'source_etag',
                (f->>'source_bytes')::bigint, f->>'content_type', p_max_attempts,
-               (f->>'msg_id')::bigint
+               (f->>'msg_id')::bigint, (f->>'priority')::smallint
           from jsonb_array_elements(v_fresh) f
          order by (f->>'ord')::bigint
         -- Only a writer that skips the key locks (an older thumbq during a deploy) can win
@@ -200,7 +539,7 @@ begin
         select ins.id, ins.source_key, ins.source_etag, true as created, ins.status from ins
         union all
         select j.id, j.source_key, j.source_etag, false, j.status
-          from thumbq.enqueue_items(p_items, p_group_id) i
+          from thumbq.enqueue_items_v2(p_items, p_group_id) i
           join thumbq.jobs j on j.source_key = i.source_key and j.source_etag = i.source_etag
          where not exists (select 1 from ins where ins.source_key = i.source_key)
       )
@@ -221,13 +560,249 @@ begin
 end
 $$;
 
+-- Enqueue jobs of any task: p_items is a JSON array of {"task", "payload"?, "group_id"?,
+-- "priority"? (0-9), "ordering_key"?, "sequence"?, "idempotency_key"?, "max_attempts"?}.
+-- An item whose idempotency key (per task), or ordering key and sequence, names an existing
+-- job (or an earlier item of the same call) returns that job instead (created false). Within
+-- an ordering key, a job without a sequence goes after the last one; jobs run strictly in
+-- sequence order, one at a time: only the head (the lowest sequence not yet completed or
+-- cancelled) has a message. A sequence below one that has already started is refused
+-- (SQLSTATE 23P01, the message starting with "sequence_conflict:").
+create or replace function thumbq.enqueue_jobs(p_items jsonb,
+                                               p_group_id text default 'default',
+                                               p_max_attempts integer default 3)
+returns table (job_id bigint, task text, created boolean, status text, ordering_key text,
+               sequence bigint)
+language plpgsql
+as $$
+#variable_conflict use_column
+declare
+  v_items jsonb;
+  v_fresh jsonb;
+  v_out jsonb;
+  v_demote_ids bigint[];
+  v_demote_msgs bigint[];
+  v_demote_prio integer[];
+  v_problem text;
+  v_attempt integer := 0;
+begin
+  if jsonb_typeof(p_items) is distinct from 'array' then
+    raise exception 'thumbq.enqueue_jobs: p_items must be a JSON array' using errcode = '22023';
+  end if;
+  select string_agg(format('item %s %s', e.ord - 1, e.problem), '; ') into v_problem
+    from (select i.ord, case
+                 when jsonb_typeof(i.value) <> 'object' then 'is not an object'
+                 when coalesce(i.value->>'task', '') = '' then 'needs a task'
+                 when coalesce(i.value->>'priority', '0') !~ '^[0-9]$'
+                   then 'has a priority that is not 0-9'
+                 when coalesce(i.value->>'sequence', '0') !~ '^-?[0-9]{1,18}$'
+                   then 'has a sequence that is not an integer'
+                 when i.value ? 'sequence' and coalesce(i.value->>'ordering_key', '') = ''
+                   then 'has a sequence without an ordering_key'
+                 when coalesce(i.value->>'max_attempts', '1') !~ '^[0-9]{1,3}$'
+                      or coalesce((i.value->>'max_attempts')::integer, 1) not between 1 and 100
+                   then 'has max_attempts outside 1-100'
+                 end as problem
+            from jsonb_array_elements(p_items) with ordinality as i(value, ord)) e
+   where e.problem is not null;
+  if v_problem is not null then
+    raise exception 'thumbq.enqueue_jobs: %', v_problem using errcode = '22023';
+  end if;
+
+  loop
+    begin
+      perform thumbq.lock_keys(array(
+        select k from jsonb_array_elements(p_items) i,
+               lateral (values ('idem:' || (i->>'task') || ':' || (i->>'idempotency_key')),
+                               ('ord:' || (i->>'ordering_key'))) v(k)
+         where k is not null));
+
+      -- Each item with its sequence (a missing one goes after the key's last job and after
+      -- earlier items of this call), the first item of the call it repeats, and the existing
+      -- job it names.
+      with i as (
+        select x.ord, x.value as item, x.value->>'task' as task,
+               coalesce(nullif(x.value->>'group_id', ''), p_group_id) as group_id,
+               coalesce((x.value->>'priority')::integer, 0) as priority,
+               nullif(x.value->>'ordering_key', '') as okey,
+               (x.value->>'sequence')::bigint as seq,
+               nullif(x.value->>'idempotency_key', '') as idem,
+               coalesce((x.value->>'max_attempts')::integer,
+                        (select t.max_attempts from thumbq.tasks t
+                          where t.name = x.value->>'task'),
+                        p_max_attempts) as max_attempts
+          from jsonb_array_elements(p_items) with ordinality as x(value, ord)
+      ), s as (
+        select i.*,
+               coalesce(i.seq,
+                 case when i.okey is not null then
+                   coalesce((select max(j.sequence) from thumbq.jobs j
+                              where j.ordering_key = i.okey), 0)
+                   + count(*) filter (where i.seq is null)
+                       over (partition by i.okey order by i.ord)
+                 end) as sequence
+          from i
+      ), f as (
+        select s.*,
+               case when s.idem is not null
+                    then min(s.ord) over (partition by s.task, s.idem) else s.ord end
+                 as first_idem
+          from s
+      ), d as (
+        select f.*,
+               case when f.okey is not null
+                    then min(f.first_idem) over (partition by f.okey, f.sequence)
+                    else f.first_idem end as first
+          from f
+      )
+      select jsonb_agg(jsonb_build_object(
+               'ord', d.ord, 'first', d.first, 'task', d.task, 'group_id', d.group_id,
+               'priority', d.priority, 'ordering_key', d.okey, 'sequence', d.sequence,
+               'idempotency_key', d.idem, 'max_attempts', d.max_attempts,
+               'payload', d.item->'payload',
+               'existing', coalesce(
+                 (select j.id from thumbq.jobs j
+                   where d.idem is not null and j.task = d.task and j.idempotency_key = d.idem),
+                 (select j.id from thumbq.jobs j
+                   where d.okey is not null and j.ordering_key = d.okey
+                     and j.sequence = d.sequence))) order by d.ord)
+        into v_items
+        from d;
+
+      -- New jobs: the first item of each, not naming an existing job.
+      select coalesce(jsonb_agg(x || jsonb_build_object(
+               'id', nextval(pg_get_serial_sequence('thumbq.jobs', 'id')))), '[]'::jsonb)
+        into v_fresh
+        from jsonb_array_elements(v_items) x
+       where x->'existing' = 'null'::jsonb and (x->>'first')::bigint = (x->>'ord')::bigint;
+
+      -- A new job behind one of its key that has already started would run out of order.
+      select string_agg(format('ordering key %L: sequence %s is behind sequence %s, which has '
+                               'already started', f->>'ordering_key', f->>'sequence',
+                               j.sequence), '; ')
+        into v_problem
+        from jsonb_array_elements(v_fresh) f
+        cross join lateral (select max(j.sequence) as sequence from thumbq.jobs j
+                             where j.ordering_key = f->>'ordering_key'
+                               and j.sequence > (f->>'sequence')::bigint
+                               and j.started_at is not null) j
+       where f->>'ordering_key' is not null and j.sequence is not null;
+      if v_problem is not null then
+        raise exception 'sequence_conflict: %', v_problem using errcode = '23P01';
+      end if;
+
+      -- A new job that goes before a waiting head takes its place: the old head's message
+      -- is withdrawn (it has not started, or that would be a conflict).
+      select array_agg(s.id), array_agg(s.msg_id), array_agg(s.prio)
+        into v_demote_ids, v_demote_msgs, v_demote_prio
+        from (select j.id, j.msg_id, j.priority::integer as prio
+                from thumbq.jobs j
+               where j.status = 'pending' and j.msg_id is not null
+                 and j.ordering_key in (select f->>'ordering_key'
+                                          from jsonb_array_elements(v_fresh) f)
+                 and exists (select 1 from jsonb_array_elements(v_fresh) f
+                              where f->>'ordering_key' = j.ordering_key
+                                and (f->>'sequence')::bigint < j.sequence)
+               order by j.id
+                 for update) s;
+      if v_demote_ids is not null then
+        perform thumbq.delete_messages(v_demote_prio, v_demote_msgs);
+        update thumbq.jobs set msg_id = null where id = any(v_demote_ids);
+      end if;
+
+      -- Messages for the new jobs that are heads (or have no ordering key).
+      select coalesce(jsonb_agg(h.f || jsonb_build_object('msg_id', case when h.head then
+                        (select pgmq.send(thumbq.band_queue((h.f->>'priority')::integer),
+                                          jsonb_build_object('job_id', h.f->'id'))) end)),
+                      '[]'::jsonb)
+        into v_fresh
+        from (select f as f,
+                     f->>'ordering_key' is null
+                     or (not exists (
+                           select 1 from thumbq.jobs j
+                            where j.ordering_key = f->>'ordering_key'
+                              and j.sequence < (f->>'sequence')::bigint
+                              and j.status in ('pending', 'processing', 'failed',
+                                               'unsupported'))
+                         and not exists (
+                           select 1 from jsonb_array_elements(v_fresh) o
+                            where o->>'ordering_key' = f->>'ordering_key'
+                              and (o->>'sequence')::bigint < (f->>'sequence')::bigint))
+                       as head
+                from jsonb_array_elements(v_fresh) f) h;
+
+      perform thumbq.lock_groups(array(select f->>'group_id'
+                                         from jsonb_array_elements(v_fresh) f));
+      with ins as (
+        insert into thumbq.jobs as j (id, group_id, task, payload, priority, ordering_key,
+                                      sequence, idempotency_key, max_attempts, msg_id)
+        select (f->>'id')::bigint, f->>'group_id', f->>'task', f->'payload',
+               (f->>'priority')::smallint, f->>'ordering_key', (f->>'sequence')::bigint,
+               f->>'idempotency_key', (f->>'max_attempts')::integer, (f->>'msg_id')::bigint
+          from jsonb_array_elements(v_fresh) f
+         order by (f->>'ord')::bigint
+        returning j.id, j.task, j.status, j.ordering_key, j.sequence
+      ), made as (
+        select (f->>'ord')::bigint as ord, ins.*
+          from ins join jsonb_array_elements(v_fresh) f on (f->>'id')::bigint = ins.id
+      )
+      select coalesce(jsonb_agg(r order by r.ord), '[]'::jsonb) into v_out
+        from (
+          -- New jobs, and items repeating an earlier item of the call.
+          select (x->>'ord')::bigint as ord, m.id as job_id, m.task,
+                 (x->>'ord') = (x->>'first') as created, m.status, m.ordering_key, m.sequence
+            from jsonb_array_elements(v_items) x
+            join made m on m.ord = (x->>'first')::bigint
+           where x->'existing' = 'null'::jsonb
+          union all
+          select (x->>'ord')::bigint, j.id, j.task, false, j.status, j.ordering_key,
+                 j.sequence
+            from jsonb_array_elements(v_items) x
+            join thumbq.jobs j on j.id = (x->>'existing')::bigint
+        ) r;
+      exit;
+    exception when deadlock_detected or serialization_failure then
+      v_attempt := v_attempt + 1;
+      if v_attempt >= 5 then
+        raise;
+      end if;
+      perform pg_sleep(0.005 * v_attempt * (1 + random()));
+    end;
+  end loop;
+  return query
+  select r.job_id, r.task, r.created, r.status, r.ordering_key, r.sequence
+    from jsonb_to_recordset(v_out)
+      as r(job_id bigint, task text, created boolean, status text, ordering_key text,
+           sequence bigint);
+end
+$$;
+
 -- Claim --------------------------------------------------------------------------------------
 
 drop function if exists thumbq.claim(text, integer, integer, text);
+drop function if exists thumbq.claim(text, integer, integer, text, boolean);
+
+-- The job as a claim returns it.
+create or replace function thumbq.claimed_json(j thumbq.jobs)
+returns jsonb
+language sql
+immutable
+as $$
+  select jsonb_build_object(
+    'id', j.id, 'msg_id', j.msg_id, 'group_id', j.group_id, 'task', j.task,
+    'source_key', j.source_key, 'source_etag', j.source_etag,
+    'source_bytes', j.source_bytes, 'content_type', j.content_type,
+    'attempts', j.attempts, 'max_attempts', j.max_attempts, 'payload', j.payload,
+    'state', j.state, 'priority', j.priority, 'ordering_key', j.ordering_key,
+    'sequence', j.sequence, 'checkpoints', j.checkpoints,
+    'progress_done', j.progress_done, 'progress_total', j.progress_total)
+$$;
 
 -- Read up to p_qty messages and lease their jobs to p_worker_id for p_vt_seconds (the messages'
 -- visibility timeout: longer than an invocation's budget, so a live invocation is never
 -- double-served and a killed one's messages come back soon).
+-- Priorities: the queues of higher priorities are read first, but a queue whose oldest job has
+-- waited p_ageing_s seconds counts one priority higher, and so on (ageing): nothing starves.
 -- Only a message that is its job's current one, for a job that waits or whose lease has
 -- expired, is claimed. A message of a job someone else is changing is handed back after a
 -- second; one of a job still leased waits for the lease; a stale one (job finished, cancelled,
@@ -235,35 +810,45 @@ drop function if exists thumbq.claim(text, integer, integer, text);
 -- it has no attempts left goes to the dead-letter queue.
 -- Tokens: with p_prepaid the caller took them from p_bucket in its own transaction (the
 -- engine does, so concurrent claims never wait on the bucket row) and unused ones are given
--- back here, at the very end; without, they are taken here first (one call for RPC users).
--- Returns {"jobs": [...], "rate_limited": bool, "retry_after_ms": int|null}.
+-- back here; without, they are taken here first (one call for RPC users). Jobs of a task with
+-- another bucket (thumbq.tasks) take theirs here; those it refuses wait for it.
+-- Returns {"jobs": [...], "rate_limited": bool, "retry_after_ms": int|null, "read": int,
+-- "limited": int}.
 create or replace function thumbq.claim(p_worker_id text, p_qty integer, p_vt_seconds integer,
                                         p_bucket text default 'thumbnail_generation',
-                                        p_prepaid boolean default false)
+                                        p_prepaid boolean default false,
+                                        p_ageing_s integer default 60)
 returns jsonb
 language plpgsql
 as $$
 declare
   v_allowed integer := greatest(p_qty, 0);
   v_retry integer;
+  v_bands integer[];
+  v_band integer;
+  v_left integer;
+  v_prio integer[];
   v_msg_ids bigint[];
   v_job_ids bigint[];
   v_locked bigint[];
-  v_take_msgs bigint[];
-  v_take_jobs bigint[];
-  v_dead_msgs bigint[];
-  v_dead_jobs bigint[];
-  v_stale bigint[];
-  v_busy bigint[];
-  v_leased bigint[];
-  v_leased_s integer[];
-  v_groups text[];
-  v_dlq bigint[] := '{}';
+  v_take bigint[];
+  v_dead bigint[];
+  v_limited bigint[] := '{}';
+  v_limited_s integer;
+  a_prio integer[];
+  a_msg bigint[];
+  a_job bigint[];
+  a_cls text[];
+  a_lease integer[];
+  a_bucket text[];
+  a_group text[];
+  v_prepaid_used integer;
+  v_dlq bigint[];
   v_jobs jsonb;
   v_claimed integer;
-  v_limited boolean;
+  v_limited_flag boolean;
   v_attempt integer := 0;
-  i integer;
+  r record;
 begin
   if p_bucket is not null and not p_prepaid and v_allowed > 0 then
     select t.taken, t.retry_after_ms into v_allowed, v_retry
@@ -274,129 +859,171 @@ begin
   end if;
   if v_allowed = 0 then
     return jsonb_build_object('jobs', '[]'::jsonb, 'rate_limited', p_qty > 0,
-                              'retry_after_ms', v_retry);
+                              'retry_after_ms', v_retry, 'read', 0, 'limited', 0);
   end if;
 
   loop
     begin
+      -- Which queues, in which order.
+      if exists (select 1 from thumbq.jobs j where j.status = 'pending' and j.priority > 0) then
+        select array_agg(b.p order by b.eff desc, b.p desc) into v_bands
+          from (select p.p, p.p + floor(extract(epoch from clock_timestamp() - o.oldest)
+                                        / greatest(p_ageing_s, 1)) as eff
+                  from generate_series(0, 9) p(p)
+                 cross join lateral (select j.created_at as oldest from thumbq.jobs j
+                                      where j.status = 'pending' and j.priority = p.p
+                                      order by j.created_at limit 1) o) b;
+      else
+        v_bands := '{0}';
+      end if;
+
       -- Messages first: pgmq.read skips the ones other readers hold.
-      select coalesce(array_agg(m.msg_id order by m.msg_id), '{}'),
-             coalesce(array_agg((m.message->>'job_id')::bigint order by m.msg_id), '{}')
-        into v_msg_ids, v_job_ids
-        from pgmq.read('thumbq_jobs', p_vt_seconds, v_allowed) m;
+      v_prio := '{}';
+      v_msg_ids := '{}';
+      v_job_ids := '{}';
+      v_left := v_allowed;
+      foreach v_band in array coalesce(v_bands, '{0}') loop
+        exit when v_left <= 0;
+        select v_prio || coalesce(array_agg(v_band), '{}'),
+               v_msg_ids || coalesce(array_agg(m.msg_id order by m.msg_id), '{}'),
+               v_job_ids || coalesce(array_agg((m.message->>'job_id')::bigint
+                                               order by m.msg_id), '{}')
+          into v_prio, v_msg_ids, v_job_ids
+          from pgmq.read(thumbq.band_queue(v_band), p_vt_seconds, v_left) m;
+        v_left := v_allowed - cardinality(v_msg_ids);
+      end loop;
 
       -- Then their jobs, skipping rows another transition holds.
       select coalesce(array_agg(s.id), '{}') into v_locked
         from (select j.id from thumbq.jobs j where j.id = any(v_job_ids)
                order by j.id for update skip locked) s;
 
-      select array_agg(c.msg_id) filter (where c.cls = 'take'),
-             array_agg(c.job_id) filter (where c.cls = 'take'),
-             array_agg(c.msg_id) filter (where c.cls = 'dead'),
-             array_agg(c.job_id) filter (where c.cls = 'dead'),
-             array_agg(c.msg_id) filter (where c.cls = 'stale'),
-             array_agg(c.msg_id) filter (where c.cls = 'busy'),
-             array_agg(c.msg_id) filter (where c.cls = 'leased'),
-             array_agg(c.lease_s) filter (where c.cls = 'leased'),
-             array_agg(c.group_id) filter (where c.cls in ('take', 'dead'))
-        into v_take_msgs, v_take_jobs, v_dead_msgs, v_dead_jobs, v_stale, v_busy,
-             v_leased, v_leased_s, v_groups
+      select array_agg(c.p), array_agg(c.msg_id), array_agg(c.job_id), array_agg(c.cls),
+             array_agg(c.lease_s), array_agg(c.bucket), array_agg(c.group_id)
+        into a_prio, a_msg, a_job, a_cls, a_lease, a_bucket, a_group
         from (
-          select m.msg_id, m.job_id, j.group_id,
-                 coalesce(greatest(1, ceil(extract(epoch from
-                   j.lease_expires_at - clock_timestamp())))::integer, 1) as lease_s,
+          select m.p, m.msg_id, m.job_id,
                  case
                    when j.id is null then 'stale'
                    when not (j.id = any(v_locked)) then 'busy'
-                   when j.msg_id is distinct from m.msg_id then 'stale'
+                   when j.msg_id is distinct from m.msg_id or j.priority <> m.p then 'stale'
                    -- A second message of one job in the same read: the first one counts.
-                   when m.msg_id <> min(m.msg_id) over (partition by m.job_id) then 'stale'
+                   when m.msg_id <> min(m.msg_id) over (partition by m.job_id, m.p)
+                     then 'stale'
                    when j.status = 'pending'
                         or (j.status = 'processing'
-                            and j.lease_expires_at <= clock_timestamp()) then
-                     case when j.attempts >= j.max_attempts then 'dead' else 'take' end
+                            and j.lease_expires_at <= clock_timestamp())
+                   then case when j.attempts >= j.max_attempts then 'dead' else 'take' end
                    when j.status = 'processing' then 'leased'
                    else 'stale'
-                 end as cls
-            from unnest(v_msg_ids, v_job_ids) as m(msg_id, job_id)
+                 end as cls,
+                 coalesce(greatest(1, ceil(extract(epoch from
+                   j.lease_expires_at - clock_timestamp())))::integer, 1) as lease_s,
+                 case when j.task = 'thumbnail' then coalesce(t.bucket, p_bucket)
+                      else t.bucket end as bucket,
+                 j.group_id
+            from unnest(v_prio, v_msg_ids, v_job_ids) as m(p, msg_id, job_id)
             left join thumbq.jobs j on j.id = m.job_id
-        ) c;
+            left join thumbq.tasks t on t.name = j.task) c;
+
+      -- Buckets of other tasks: take what this claim needs; what they refuse waits for them.
+      v_limited := '{}';
+      v_limited_s := null;
+      for r in select c.bucket, array_agg(c.job_id order by c.msg_id) as ids
+                 from unnest(a_msg, a_job, a_cls, a_bucket) as c(msg_id, job_id, cls, bucket)
+                where c.cls = 'take' and c.bucket is not null
+                  and c.bucket is distinct from p_bucket
+                group by c.bucket order by c.bucket loop
+        select t.taken, t.retry_after_ms into v_left, v_retry
+          from thumbq.take_tokens(r.bucket, cardinality(r.ids), true) t;
+        if found and v_left < cardinality(r.ids) then
+          v_limited := v_limited || r.ids[v_left + 1:];
+          v_limited_s := least(coalesce(v_limited_s, 2147483647),
+                               greatest(1, ceil(coalesce(v_retry, 1000) / 1000.0))::integer);
+        end if;
+      end loop;
+      if cardinality(v_limited) > 0 then
+        select array_agg(case when x.job_id = any(v_limited) and x.cls = 'take' then 'limited'
+                              else x.cls end order by x.i)
+          into a_cls
+          from unnest(a_job, a_cls) with ordinality as x(job_id, cls, i);
+      end if;
 
       -- Every message operation before any group row: these are all messages this
       -- transaction already holds, so none of them waits.
-      if v_stale is not null or v_dead_msgs is not null then
-        perform pgmq.delete('thumbq_jobs',
-                            coalesce(v_stale, '{}') || coalesce(v_dead_msgs, '{}'));
-      end if;
-      if v_busy is not null then
-        perform pgmq.set_vt('thumbq_jobs', b, 1) from unnest(v_busy) b;
-      end if;
-      if v_leased is not null then
-        perform pgmq.set_vt('thumbq_jobs', l.msg_id, l.s)
-           from unnest(v_leased, v_leased_s) as l(msg_id, s);
-      end if;
+      perform thumbq.delete_messages(array_agg(c.prio), array_agg(c.msg_id))
+         from unnest(a_prio, a_msg, a_cls) as c(prio, msg_id, cls)
+        where c.cls in ('stale', 'dead') having count(*) > 0;
+      perform thumbq.set_message_vt(array_agg(c.prio), array_agg(c.msg_id),
+                                    array_agg(case c.cls when 'busy' then 1
+                                                         when 'leased' then c.lease_s
+                                                         else v_limited_s end))
+         from unnest(a_prio, a_msg, a_cls, a_lease) as c(prio, msg_id, cls, lease_s)
+        where c.cls in ('busy', 'leased', 'limited') having count(*) > 0;
+      select array_agg(c.job_id order by c.job_id) into v_dead
+        from unnest(a_job, a_cls) as c(job_id, cls) where c.cls = 'dead';
       v_dlq := '{}';
-      if v_dead_jobs is not null then
+      if v_dead is not null then
         select coalesce(array_agg((select pgmq.send('thumbq_dlq', jsonb_build_object(
-                 'job_id', j.id, 'source_key', j.source_key, 'source_etag', j.source_etag,
-                 'group_id', j.group_id, 'error_code', coalesce(j.error_code, 'lease_expired'),
+                 'job_id', j.id, 'task', j.task, 'source_key', j.source_key,
+                 'source_etag', j.source_etag, 'group_id', j.group_id,
+                 'error_code', coalesce(j.error_code, 'lease_expired'),
                  'last_error', coalesce(j.last_error, 'the worker lost its lease '
                                         || j.attempts || ' times (killed or timed out)'
                                         || ' without reporting'),
                  'attempts', j.attempts))) order by j.id), '{}')
           into v_dlq
-          from thumbq.jobs j where j.id = any(v_dead_jobs);
-        select array_agg(j.id order by j.id) into v_dead_jobs
-          from thumbq.jobs j where j.id = any(v_dead_jobs);
+          from thumbq.jobs j where j.id = any(v_dead);
       end if;
 
       -- The bucket before the group rows: give back what was taken for nothing.
-      v_claimed := coalesce(cardinality(v_take_jobs), 0);
-      if p_bucket is not null and v_allowed > v_claimed then
-        perform thumbq.refund_tokens(p_bucket, v_allowed - v_claimed);
+      select array_agg(c.job_id order by c.msg_id),
+             count(*) filter (where c.bucket is not distinct from p_bucket)
+        into v_take, v_prepaid_used
+        from unnest(a_msg, a_job, a_cls, a_bucket) as c(msg_id, job_id, cls, bucket)
+       where c.cls = 'take';
+      if p_bucket is not null and v_allowed > coalesce(v_prepaid_used, 0) then
+        perform thumbq.refund_tokens(p_bucket, v_allowed - coalesce(v_prepaid_used, 0));
       end if;
 
-      perform thumbq.lock_groups(v_groups);
+      perform thumbq.lock_groups(array(select c.group_id
+                                         from unnest(a_cls, a_group) as c(cls, group_id)
+                                        where c.cls in ('take', 'dead')));
 
       -- One status change for everything taken and dead-lettered.
       with d as (
-        select * from unnest(coalesce(v_dead_jobs, '{}'), v_dlq) as d(job_id, dlq_msg_id)
-      ), t as (
-        select * from unnest(coalesce(v_take_jobs, '{}'), coalesce(v_take_msgs, '{}'))
-          as t(job_id, msg_id)
+        select * from unnest(coalesce(v_dead, '{}'), v_dlq) as d(job_id, dlq_msg_id)
+      ), x as (
+        select t.job_id, null::bigint as dlq_msg_id, false as dead
+          from unnest(coalesce(v_take, '{}')) as t(job_id)
+        union all
+        select d.job_id, d.dlq_msg_id, true from d
       ), u as (
         update thumbq.jobs j
-           set status = case when d.job_id is null then 'processing' else 'failed' end,
-               attempts = case when d.job_id is null then j.attempts + 1 else j.attempts end,
-               worker_id = case when d.job_id is null then p_worker_id end,
-               started_at = case when d.job_id is null then clock_timestamp()
-                                 else j.started_at end,
+           set status = case when x.dead then 'failed' else 'processing' end,
+               attempts = case when x.dead then j.attempts else j.attempts + 1 end,
+               worker_id = case when x.dead then null else p_worker_id end,
+               started_at = case when x.dead then j.started_at else clock_timestamp() end,
                next_attempt_at = null,
-               lease_expires_at = case when d.job_id is null
-                 then clock_timestamp() + make_interval(secs => p_vt_seconds) end,
-               error_code = case when d.job_id is null then j.error_code
-                                 else coalesce(j.error_code, 'lease_expired') end,
-               last_error = case when d.job_id is null then j.last_error
-                                 else coalesce(j.last_error, 'the worker lost its lease '
-                                   || j.attempts || ' times (killed or timed out) without'
-                                   || ' reporting') end,
-               completed_at = case when d.job_id is null then null else clock_timestamp() end,
-               msg_id = case when d.job_id is null then j.msg_id end,
-               dlq_msg_id = coalesce(d.dlq_msg_id, j.dlq_msg_id),
+               lease_expires_at = case when x.dead then null
+                 else clock_timestamp() + make_interval(secs => p_vt_seconds) end,
+               error_code = case when x.dead then coalesce(j.error_code, 'lease_expired')
+                                 else j.error_code end,
+               last_error = case when x.dead then coalesce(j.last_error,
+                                   'the worker lost its lease ' || j.attempts
+                                   || ' times (killed or timed out) without reporting')
+                                 else j.last_error end,
+               completed_at = case when x.dead then clock_timestamp() end,
+               msg_id = case when x.dead then null else j.msg_id end,
+               dlq_msg_id = coalesce(x.dlq_msg_id, j.dlq_msg_id),
                updated_at = clock_timestamp()
-          from (select t.job_id, null::bigint as dlq_msg_id from t
-                union all select d.job_id, d.dlq_msg_id from d) x
-          left join d on d.job_id = x.job_id
+          from x
          where j.id = x.job_id
-        returning j.id, j.msg_id, j.group_id, j.source_key, j.source_etag, j.source_bytes,
-                  j.content_type, j.attempts, j.max_attempts, j.status
+        returning j.*
       )
-      select coalesce(jsonb_agg(jsonb_build_object(
-               'id', u.id, 'msg_id', u.msg_id, 'group_id', u.group_id,
-               'source_key', u.source_key, 'source_etag', u.source_etag,
-               'source_bytes', u.source_bytes, 'content_type', u.content_type,
-               'attempts', u.attempts, 'max_attempts', u.max_attempts) order by u.msg_id)
-               filter (where u.status = 'processing'), '[]'::jsonb),
+      select coalesce(jsonb_agg(thumbq.claimed_json(u::thumbq.jobs)
+                                order by array_position(v_bands, u.priority::integer), u.msg_id)
+                        filter (where u.status = 'processing'), '[]'::jsonb),
              count(*) filter (where u.status = 'processing')
         into v_jobs, v_claimed
         from u;
@@ -412,33 +1039,140 @@ begin
 
   -- The bucket, not the queue, cut this claim short when it granted fewer tokens than asked
   -- and the queue had a message for every one: say so, or the caller takes it for drained.
-  v_limited := v_allowed < p_qty and cardinality(v_msg_ids) >= v_allowed;
-  return jsonb_build_object('jobs', v_jobs, 'rate_limited', v_limited,
-                            'retry_after_ms', case when v_limited then v_retry end,
-                            'read', cardinality(v_msg_ids));
+  v_limited_flag := v_allowed < p_qty and cardinality(v_msg_ids) >= v_allowed;
+  return jsonb_build_object('jobs', v_jobs, 'rate_limited', v_limited_flag,
+                            'retry_after_ms', case when v_limited_flag then v_retry
+                                                   when v_limited_s is not null
+                                                     then v_limited_s * 1000 end,
+                            'read', cardinality(v_msg_ids),
+                            'limited', cardinality(v_limited));
 end
 $$;
 
--- Complete, fail, release --------------------------------------------------------------------
+-- Claim one given job, if it waits: what an interactive call (`POST /api/jobs` with wait_ms)
+-- runs at once, under the same lease and rate limit as a batch. Returns {"jobs": [job]} or
+-- {"jobs": [], "reason": "busy" | "not_waiting" | "rate_limited", "retry_after_ms"}.
+create or replace function thumbq.claim_job(p_worker_id text, p_job_id bigint,
+                                            p_vt_seconds integer,
+                                            p_bucket text default 'thumbnail_generation',
+                                            p_prepaid boolean default false)
+returns jsonb
+language plpgsql
+as $$
+declare
+  j thumbq.jobs;
+  v_bucket text;
+  v_grant record;
+  v_out jsonb;
+begin
+  select * into j from thumbq.jobs where id = p_job_id for update skip locked;
+  if not found then
+    return jsonb_build_object('jobs', '[]'::jsonb, 'reason',
+      case when exists (select 1 from thumbq.jobs where id = p_job_id) then 'busy'
+           else 'not_waiting' end);
+  end if;
+  if j.status <> 'pending' or j.msg_id is null
+     or j.next_attempt_at > clock_timestamp() or j.attempts >= j.max_attempts then
+    return jsonb_build_object('jobs', '[]'::jsonb, 'reason', 'not_waiting');
+  end if;
+  -- The message, leased for the run (a claim reading it meanwhile finds the job locked).
+  if not exists (select 1 from pgmq.set_vt(thumbq.band_queue(j.priority), j.msg_id,
+                                           p_vt_seconds)) then
+    return jsonb_build_object('jobs', '[]'::jsonb, 'reason', 'not_waiting');
+  end if;
+  select case when j.task = 'thumbnail' then coalesce(t.bucket, p_bucket) else t.bucket end
+    into v_bucket
+    from (select 1) one left join thumbq.tasks t on t.name = j.task;
+  if v_bucket is not null and not (p_prepaid and v_bucket is not distinct from p_bucket) then
+    select * into v_grant from thumbq.take_tokens(v_bucket, 1, false);
+    if found and not v_grant.granted then
+      perform pgmq.set_vt(thumbq.band_queue(j.priority), j.msg_id, 0);
+      return jsonb_build_object('jobs', '[]'::jsonb, 'reason', 'rate_limited',
+                                'retry_after_ms', v_grant.retry_after_ms);
+    end if;
+  elsif p_prepaid and p_bucket is not null and v_bucket is distinct from p_bucket then
+    perform thumbq.refund_tokens(p_bucket, 1);
+  end if;
+  perform thumbq.lock_groups(array[j.group_id]);
+  update thumbq.jobs
+     set status = 'processing', attempts = attempts + 1, worker_id = p_worker_id,
+         started_at = clock_timestamp(), next_attempt_at = null,
+         lease_expires_at = clock_timestamp() + make_interval(secs => p_vt_seconds),
+         updated_at = clock_timestamp()
+   where id = j.id
+  returning thumbq.claimed_json(jobs.*) into v_out;
+  return jsonb_build_object('jobs', jsonb_build_array(v_out));
+end
+$$;
 
--- Record finished jobs: p_results is a JSON array of {"job_id", "msg_id", "thumbnail_key",
--- "thumbnail_content_type", "width", "height", "bytes", "duration_ms", "source_type",
--- "thumbnails"?, "thumbhash"?, "dominant_color"?, "degraded"?}. Only jobs still leased by
--- p_worker_id under that message change; their messages are deleted. Returns how many
--- completed.
+-- Complete, checkpoint, fail, release --------------------------------------------------------
+
+-- Lock the ordering keys of some jobs: what every transition that may move a key's head takes
+-- first. A job's ordering key never changes, so reading it unlocked is safe.
+create or replace function thumbq.lock_ordering_keys_of(p_job_ids bigint[])
+returns text[]
+language plpgsql
+as $$
+declare
+  v_keys text[];
+begin
+  select array_agg(distinct j.ordering_key) into v_keys
+    from thumbq.jobs j where j.id = any(p_job_ids) and j.ordering_key is not null;
+  if v_keys is not null then
+    perform thumbq.lock_keys(array(select 'ord:' || k from unnest(v_keys) k));
+  end if;
+  return v_keys;
+end
+$$;
+
+-- Send the message of each ordering key's new head, once the jobs in p_done have finished
+-- (completed or cancelled). Called with the keys locked, before the caller's status change.
+create or replace function thumbq.release_heads(p_keys text[], p_done bigint[])
+returns void
+language plpgsql
+as $$
+declare
+  v_heads bigint[];
+begin
+  if p_keys is null then
+    return;
+  end if;
+  select array_agg(h.job_id order by h.job_id) into v_heads
+    from thumbq.heads_to_release(p_keys, p_done) h;
+  if v_heads is null then
+    return;
+  end if;
+  perform 1 from thumbq.jobs j where j.id = any(v_heads) order by j.id for update;
+  update thumbq.jobs j
+     set msg_id = (select pgmq.send(thumbq.band_queue(j.priority),
+                                    jsonb_build_object('job_id', j.id)))
+   where j.id = any(v_heads) and j.msg_id is null and j.status = 'pending';
+end
+$$;
+
+-- Record finished jobs: p_results is a JSON array of {"job_id", "msg_id", "thumbnail_key"?,
+-- "thumbnail_content_type"?, "width"?, "height"?, "bytes"?, "duration_ms"?, "source_type"?,
+-- "thumbnails"?, "thumbhash"?, "dominant_color"?, "degraded"?, "result"?}. Only jobs still
+-- leased by p_worker_id under that message change; their messages are deleted, and the next
+-- job of each ordering key gets its message. Returns how many completed.
 create or replace function thumbq.complete(p_worker_id text, p_results jsonb)
 returns integer
 language plpgsql
 as $$
 declare
+  v_keys text[];
   v_ids bigint[];
   v_msgs bigint[];
+  v_prio integer[];
   v_attempt integer := 0;
 begin
   loop
     begin
-      select array_agg(s.id), array_agg(s.msg_id) into v_ids, v_msgs
-        from (select j.id, j.msg_id
+      v_keys := thumbq.lock_ordering_keys_of(array(
+        select (e->>'job_id')::bigint from jsonb_array_elements(p_results) e));
+      select array_agg(s.id), array_agg(s.msg_id), array_agg(s.priority)
+        into v_ids, v_msgs, v_prio
+        from (select j.id, j.msg_id, j.priority::integer as priority
                 from thumbq.jobs j
                 join jsonb_array_elements(p_results) e
                   on j.id = (e->>'job_id')::bigint and j.msg_id = (e->>'msg_id')::bigint
@@ -448,7 +1182,8 @@ begin
       if v_ids is null then
         return 0;
       end if;
-      perform pgmq.delete('thumbq_jobs', v_msgs);
+      perform thumbq.delete_messages(v_prio, v_msgs);
+      perform thumbq.release_heads(v_keys, v_ids);
       update thumbq.jobs j
          set status = 'completed', error_code = null, last_error = null,
              thumbnail_key = e->>'thumbnail_key',
@@ -459,6 +1194,8 @@ begin
              thumbnails = e->'thumbnails', thumbhash = e->>'thumbhash',
              dominant_color = e->>'dominant_color',
              degraded = coalesce((e->>'degraded')::boolean, false),
+             result = e->'result',
+             progress_done = coalesce(j.progress_total, j.progress_done),
              completed_at = clock_timestamp(), updated_at = clock_timestamp(),
              lease_expires_at = null, msg_id = null
         from jsonb_array_elements(p_results) e
@@ -475,11 +1212,52 @@ begin
 end
 $$;
 
--- Record a failed attempt. Permanent errors end the job at once (unsupported_type as
--- 'unsupported', source_missing as 'cancelled', others 'failed'); transient ones retry after
--- an exponential backoff with jitter, made by moving the message's visibility timeout (nobody
--- sleeps), until max_attempts, then the job is 'failed' and a dead letter goes to the DLQ.
--- Only the lease holder's report counts. Returns {"status", "owned", "retry_in_s"}.
+-- A running job's checkpoint, from its lease holder: its state (null keeps the last) and
+-- progress are saved. With p_requeue the handler stopped to be resumed later: the job waits
+-- again, visible at once, and the attempt it used is given back (a checkpoint is not a
+-- failure). Returns {"owned": bool, "status": text}: a job cancelled meanwhile is not owned.
+create or replace function thumbq.checkpoint(p_worker_id text, p_job_id bigint, p_msg_id bigint,
+                                             p_state jsonb, p_done bigint, p_total bigint,
+                                             p_requeue boolean)
+returns jsonb
+language plpgsql
+as $$
+declare
+  j thumbq.jobs;
+begin
+  select * into j from thumbq.jobs where id = p_job_id for update;
+  if not found or j.status <> 'processing' or j.worker_id is distinct from p_worker_id
+     or j.msg_id is distinct from p_msg_id then
+    return jsonb_build_object('owned', false, 'status', j.status);
+  end if;
+  if p_requeue then
+    perform pgmq.set_vt(thumbq.band_queue(j.priority), j.msg_id, 0);
+    update thumbq.jobs
+       set status = 'pending', attempts = greatest(attempts - 1, 0), worker_id = null,
+           lease_expires_at = null, state = coalesce(p_state, state),
+           checkpoints = checkpoints + 1,
+           progress_done = coalesce(p_done, progress_done),
+           progress_total = coalesce(p_total, progress_total), updated_at = clock_timestamp()
+     where id = j.id;
+    return jsonb_build_object('owned', true, 'status', 'pending');
+  end if;
+  update thumbq.jobs
+     set state = coalesce(p_state, state),
+         checkpoints = checkpoints + case when p_state is null then 0 else 1 end,
+         progress_done = coalesce(p_done, progress_done),
+         progress_total = coalesce(p_total, progress_total), updated_at = clock_timestamp()
+   where id = j.id;
+  return jsonb_build_object('owned', true, 'status', 'processing');
+end
+$$;
+
+-- Record a failed attempt. Permanent errors end the job at once (unsupported_type and
+-- unsupported_task as 'unsupported', source_missing as 'cancelled', others 'failed'); transient
+-- ones retry after an exponential backoff with jitter, made by moving the message's visibility
+-- timeout (nobody sleeps), until max_attempts, then the job is 'failed' and a dead letter goes
+-- to the DLQ. A failed or unsupported job holds the rest of its ordering key; a cancelled one
+-- lets the next go. Only the lease holder's report counts. Returns {"status", "owned",
+-- "retry_in_s"}.
 create or replace function thumbq.fail(p_worker_id text, p_msg_id bigint, p_job_id bigint,
                                        p_error_code text, p_message text,
                                        p_permanent boolean,
@@ -490,6 +1268,7 @@ language plpgsql
 as $$
 declare
   j thumbq.jobs;
+  v_keys text[];
   v_status text;
   v_delay integer;
   v_dlq bigint;
@@ -497,6 +1276,7 @@ declare
 begin
   loop
     begin
+      v_keys := thumbq.lock_ordering_keys_of(array[p_job_id]);
       select * into j from thumbq.jobs where id = p_job_id for update;
       if not found or j.status <> 'processing' or j.worker_id is distinct from p_worker_id
          or j.msg_id is distinct from p_msg_id then
@@ -505,16 +1285,21 @@ begin
 
       if p_permanent or j.attempts >= j.max_attempts then
         v_status := case when not p_permanent then 'failed'
-                         when p_error_code = 'unsupported_type' then 'unsupported'
+                         when p_error_code in ('unsupported_type', 'unsupported_task')
+                           then 'unsupported'
                          when p_error_code = 'source_missing' then 'cancelled'
                          else 'failed' end;
-        perform pgmq.delete('thumbq_jobs', p_msg_id);
+        perform pgmq.delete(thumbq.band_queue(j.priority), p_msg_id);
         v_dlq := null;
         if not p_permanent then
           v_dlq := (select pgmq.send('thumbq_dlq', jsonb_build_object(
-                      'job_id', j.id, 'source_key', j.source_key, 'source_etag', j.source_etag,
-                      'group_id', j.group_id, 'error_code', p_error_code,
-                      'last_error', left(p_message, 2000), 'attempts', j.attempts)));
+                      'job_id', j.id, 'task', j.task, 'source_key', j.source_key,
+                      'source_etag', j.source_etag, 'group_id', j.group_id,
+                      'error_code', p_error_code, 'last_error', left(p_message, 2000),
+                      'attempts', j.attempts)));
+        end if;
+        if v_status = 'cancelled' then
+          perform thumbq.release_heads(v_keys, array[j.id]);
         end if;
         update thumbq.jobs
            set status = v_status, error_code = p_error_code, last_error = left(p_message, 2000),
@@ -529,7 +1314,7 @@ begin
       v_delay := least(p_backoff_cap_s,
                        p_backoff_base_s * power(2, greatest(j.attempts - 1, 0)));
       v_delay := ceil(v_delay * (0.5 + random() * 0.5))::integer;
-      perform pgmq.set_vt('thumbq_jobs', p_msg_id, v_delay);
+      perform pgmq.set_vt(thumbq.band_queue(j.priority), p_msg_id, v_delay);
       update thumbq.jobs
          set status = 'pending', error_code = p_error_code, last_error = left(p_message, 2000),
              next_attempt_at = clock_timestamp() + make_interval(secs => v_delay),
@@ -557,12 +1342,14 @@ as $$
 declare
   v_ids bigint[];
   v_msgs bigint[];
+  v_prio integer[];
   v_attempt integer := 0;
 begin
   loop
     begin
-      select array_agg(s.id), array_agg(s.msg_id) into v_ids, v_msgs
-        from (select j.id, j.msg_id from thumbq.jobs j
+      select array_agg(s.id), array_agg(s.msg_id), array_agg(s.priority)
+        into v_ids, v_msgs, v_prio
+        from (select j.id, j.msg_id, j.priority::integer as priority from thumbq.jobs j
                where j.id = any(p_job_ids) and j.status = 'processing'
                  and j.worker_id = p_worker_id
                order by j.id
@@ -570,7 +1357,7 @@ begin
       if v_ids is null then
         return 0;
       end if;
-      perform pgmq.set_vt('thumbq_jobs', m, 0) from unnest(v_msgs) m;
+      perform thumbq.set_message_vt(v_prio, v_msgs, array_fill(0, array[cardinality(v_ids)]));
       -- The bucket before the group rows.
       if p_bucket is not null then
         perform thumbq.refund_tokens(p_bucket, cardinality(v_ids));
@@ -602,13 +1389,14 @@ as $$
 declare
   v_ids bigint[];
   v_msgs bigint[];
+  v_prio integer[];
   v_attempt integer := 0;
 begin
   loop
     begin
-      select array_agg(s.id), array_agg(s.msg_id) filter (where s.msg_id is not null)
-        into v_ids, v_msgs
-        from (select j.id, j.msg_id from thumbq.jobs j
+      select array_agg(s.id), array_agg(s.msg_id), array_agg(s.priority)
+        into v_ids, v_msgs, v_prio
+        from (select j.id, j.msg_id, j.priority::integer as priority from thumbq.jobs j
                where j.status = 'processing' and j.lease_expires_at < clock_timestamp()
                order by j.id
                limit greatest(p_limit, 0)
@@ -616,9 +1404,7 @@ begin
       if v_ids is null then
         return 0;
       end if;
-      if v_msgs is not null then
-        perform pgmq.set_vt('thumbq_jobs', m, 0) from unnest(v_msgs) m;
-      end if;
+      perform thumbq.set_message_vt(v_prio, v_msgs, array_fill(0, array[cardinality(v_ids)]));
       update thumbq.jobs j
          set status = 'pending', worker_id = null, lease_expires_at = null,
              last_error = coalesce(j.last_error, 'lease expired: the invocation was killed'),
@@ -638,8 +1424,8 @@ $$;
 
 -- Groups -------------------------------------------------------------------------------------
 
--- Queue a group's failed jobs again with fresh attempts and one new message each; their dead
--- letters are removed.
+-- Queue a group's failed jobs again with fresh attempts, each with one new message (a job of an
+-- ordering key only when it is the key's head); their dead letters are removed.
 create or replace function thumbq.retry_failed(p_group_id text)
 returns integer
 language plpgsql
@@ -647,12 +1433,12 @@ as $$
 declare
   v_ids bigint[];
   v_dlq bigint[];
-  v_msgs bigint[];
-  v_id bigint;
   v_attempt integer := 0;
 begin
   loop
     begin
+      perform thumbq.lock_ordering_keys_of(array(
+        select j.id from thumbq.jobs j where j.group_id = p_group_id and j.status = 'failed'));
       select array_agg(s.id), array_agg(s.dlq_msg_id) filter (where s.dlq_msg_id is not null)
         into v_ids, v_dlq
         from (select j.id, j.dlq_msg_id from thumbq.jobs j
@@ -665,18 +1451,23 @@ begin
       if v_dlq is not null then
         perform pgmq.delete('thumbq_dlq', v_dlq);
       end if;
-      v_msgs := '{}';
-      foreach v_id in array v_ids loop
-        v_msgs := v_msgs
-                  || (select pgmq.send('thumbq_jobs', jsonb_build_object('job_id', v_id)));
-      end loop;
+      with m as (
+        select j.id,
+               case when j.ordering_key is null or not exists (
+                      select 1 from thumbq.jobs o
+                       where o.ordering_key = j.ordering_key and o.sequence < j.sequence
+                         and o.status in ('pending', 'processing', 'failed', 'unsupported'))
+                    then (select pgmq.send(thumbq.band_queue(j.priority),
+                                           jsonb_build_object('job_id', j.id))) end as msg_id
+          from thumbq.jobs j where j.id = any(v_ids)
+      )
       update thumbq.jobs j
          set status = 'pending', attempts = 0, error_code = null, last_error = null,
              completed_at = null, started_at = null, next_attempt_at = null, worker_id = null,
              lease_expires_at = null, msg_id = m.msg_id, dlq_msg_id = null,
              updated_at = clock_timestamp()
-        from unnest(v_ids, v_msgs) as m(job_id, msg_id)
-       where j.id = m.job_id;
+        from m
+       where j.id = m.id;
       return cardinality(v_ids);
     exception when deadlock_detected or serialization_failure then
       v_attempt := v_attempt + 1;
@@ -689,10 +1480,10 @@ begin
 end
 $$;
 
--- Cancel jobs that still wait or run: their messages are deleted, their status says why. A
--- worker rendering one of them finds it cancelled when it reports, and changes nothing; the
--- lease it held is kept on the row, so that enqueueing the version again waits for it.
--- Returns how many were cancelled.
+-- Cancel jobs that still wait or run: their messages are deleted, their status says why, and
+-- the next job of each ordering key goes. A worker running one of them finds it cancelled
+-- (ctx.cancelled(), or when it reports) and changes nothing; the lease it held is kept on the
+-- row, so that enqueueing the version again waits for it. Returns how many were cancelled.
 create or replace function thumbq.cancel_jobs(p_job_ids bigint[],
                                               p_error_code text default 'cancelled',
                                               p_message text default 'cancelled by request')
@@ -700,24 +1491,26 @@ returns integer
 language plpgsql
 as $$
 declare
+  v_keys text[];
   v_ids bigint[];
   v_msgs bigint[];
+  v_prio integer[];
   v_attempt integer := 0;
 begin
   loop
     begin
-      select array_agg(s.id), array_agg(s.msg_id) filter (where s.msg_id is not null)
-        into v_ids, v_msgs
-        from (select j.id, j.msg_id from thumbq.jobs j
+      v_keys := thumbq.lock_ordering_keys_of(p_job_ids);
+      select array_agg(s.id), array_agg(s.msg_id), array_agg(s.priority)
+        into v_ids, v_msgs, v_prio
+        from (select j.id, j.msg_id, j.priority::integer as priority from thumbq.jobs j
                where j.id = any(p_job_ids) and j.status in ('pending', 'processing')
                order by j.id
                  for update) s;
       if v_ids is null then
         return 0;
       end if;
-      if v_msgs is not null then
-        perform pgmq.delete('thumbq_jobs', v_msgs);
-      end if;
+      perform thumbq.delete_messages(v_prio, v_msgs);
+      perform thumbq.release_heads(v_keys, v_ids);
       update thumbq.jobs j
          set status = 'cancelled', error_code = p_error_code, last_error = p_message,
              completed_at = clock_timestamp(), updated_at = clock_timestamp(), msg_id = null
@@ -745,25 +1538,6 @@ as $$
 $$;
 
 -- Retention ----------------------------------------------------------------------------------
-
--- Deleting old jobs for retention keeps the groups' summaries: a group still says how many
--- files it had and how they ended. The flag is local to the pruning transaction.
-create or replace function thumbq.jobs_after_delete() returns trigger
-language plpgsql as $$
-declare
-  v_deltas thumbq.group_delta[];
-begin
-  if current_setting('thumbq.retention', true) = 'on' then
-    return null;
-  end if;
-  select array_agg(row(o.group_id, o.status, -1)::thumbq.group_delta) into v_deltas
-    from old_rows o;
-  if v_deltas is not null then
-    perform thumbq.apply_group_deltas(v_deltas);
-  end if;
-  return null;
-end
-$$;
 
 -- Prune history older than p_days in one bounded chunk of at most p_limit rows per kind:
 -- terminal jobs (with their dead letters), batch runs, and pgmq's archive of thumbq's queues.
@@ -827,7 +1601,7 @@ $$;
 
 -- pgmq's metrics through a plpgsql function, whose body is resolved at call time: a view that
 -- called pgmq.metrics directly would stop `alter extension pgmq update` (1.4.4 -> 1.5) from
--- re-creating it. 012 defines the same function for queue_overview.
+-- re-creating it (012's queue_overview reads it the same way).
 create or replace function thumbq.queue_metrics(p_queue text)
 returns table (queue_length bigint, newest_msg_age_sec integer, oldest_msg_age_sec integer)
 language plpgsql
@@ -839,12 +1613,27 @@ begin
 end
 $$;
 
+-- The work queues (one per priority) together: how many messages, and the oldest one's age.
+create or replace function thumbq.work_metrics()
+returns table (queue_length bigint, newest_msg_age_sec integer, oldest_msg_age_sec integer)
+language plpgsql
+stable
+as $$
+begin
+  return query
+    select sum(m.queue_length)::bigint, min(m.newest_msg_age_sec)::integer,
+           max(m.oldest_msg_age_sec)::integer
+      from generate_series(0, 9) p(p)
+     cross join lateral thumbq.queue_metrics(thumbq.band_queue(p.p)) m;
+end
+$$;
+
 -- One row per condition that needs a person, with its figure and threshold. Every figure comes
 -- from the queues (their length is the backlog, not the history) or from the last hour of
 -- runs: reading this view costs the same with a million finished jobs as with none.
 create or replace view thumbq.alerts as
 with q as (
-  select m.queue_length, m.oldest_msg_age_sec from thumbq.queue_metrics('thumbq_jobs') m
+  select m.queue_length, m.oldest_msg_age_sec from thumbq.work_metrics() m
 ), dlq as (
   select m.queue_length from thumbq.queue_metrics('thumbq_dlq') m
 ), hour as (
@@ -886,8 +1675,9 @@ select 'rate_limited', count(*) filter (where r.stopped_reason = 'rate_limited')
   from runs r having count(*) filter (where r.stopped_reason = 'rate_limited') >= 3;
 
 -- Close a run: write its counts, merge the durations it observed into render_stats, and
--- return what is left (the work queue's length: every job that waits or runs has exactly one
--- message) and which alerts are raised (the same names as thumbq.alerts).
+-- return what is left (the work queues' length, since every job that waits or runs has exactly
+-- one message, and the jobs of ordering keys waiting behind their heads) and which alerts are
+-- raised (the same names as thumbq.alerts).
 create or replace function thumbq.finish_run(p_run_id bigint, p_summary jsonb,
                                              p_stats jsonb default '[]')
 returns jsonb
@@ -911,7 +1701,9 @@ begin
     max_ms = greatest(s.max_ms * 0.9, excluded.max_ms),
     updated_at = clock_timestamp();
 
-  select m.queue_length into v_remaining from thumbq.queue_metrics('thumbq_jobs') m;
+  select m.queue_length + (select count(*) from thumbq.jobs j
+                            where j.status = 'pending' and j.msg_id is null)
+    into v_remaining from thumbq.work_metrics() m;
 
   update thumbq.batch_runs
      set finished_at = clock_timestamp(),
@@ -937,4 +1729,5 @@ $$;
 -- Privileges (see 008): PUBLIC gets EXECUTE on every new function; take it back.
 revoke execute on all functions in schema thumbq from public;
 revoke execute on all functions in schema thumbq from anon, authenticated;
-grant execute on function thumbq.progress(text), thumbq.request_user_id() to authenticated;
+grant execute on function thumbq.progress(text), thumbq.progress_v2(text),
+  thumbq.request_user_id() to authenticated;

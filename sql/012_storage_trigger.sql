@@ -10,20 +10,9 @@ create index if not exists jobs_group_errors_idx on thumbq.jobs (group_id, updat
 -- `alter extension pgmq update` (1.4.4 -> 1.5, as Supabase offers) drops and re-creates
 -- pgmq.metrics, and Postgres refused while thumbq.queue_overview called it directly ("cannot
 -- drop function metrics(text) because other objects depend on it"). The view reads the metrics
--- through this plpgsql function instead, whose body is resolved at call time, so pgmq can be
--- upgraded under thumbq. Security invoker, as the view always was: the caller needs pgmq.metrics.
-create or replace function thumbq.queue_metrics(p_queue text)
-returns table (queue_length bigint, newest_msg_age_sec integer, oldest_msg_age_sec integer)
-language plpgsql
-stable
-as $$
-begin
-  return query
-    select m.queue_length, m.newest_msg_age_sec, m.oldest_msg_age_sec from pgmq.metrics(p_queue) m;
-end
-$$;
-revoke all on function thumbq.queue_metrics(text) from public, anon, authenticated;
-
+-- through plpgsql functions instead (010's queue_metrics and work_metrics), whose bodies are
+-- resolved at call time, so pgmq can be upgraded under thumbq. The work queues are summed over
+-- every priority.
 create or replace view thumbq.queue_overview as
 select q.queue_length,
        greatest(g.pending - coalesce(d.delayed, 0), 0)::bigint as visible,
@@ -42,7 +31,7 @@ select q.queue_length,
        b.tokens as bucket_tokens,
        b.capacity as bucket_capacity,
        b.refill_per_second as bucket_refill_per_second
-  from thumbq.queue_metrics('thumbq_jobs') q
+  from thumbq.work_metrics() q
  cross join thumbq.queue_metrics('thumbq_dlq') dlq
  cross join (select coalesce(sum(pending), 0)::bigint as pending,
                     coalesce(sum(processing), 0)::bigint as processing,

@@ -6,7 +6,8 @@ select job_id, source_key, source_etag, created, status
   from thumbq.enqueue_batch(%(items)s::jsonb, %(group_id)s, %(max_attempts)s)
 
 -- name: claim
-select thumbq.claim(%(worker_id)s, %(qty)s, %(vt_seconds)s, %(bucket)s, %(prepaid)s) as result
+select thumbq.claim(%(worker_id)s, %(qty)s, %(vt_seconds)s, %(bucket)s, %(prepaid)s,
+                    %(ageing_s)s) as result
 
 -- name: complete
 select thumbq.complete(%(worker_id)s, %(results)s::jsonb) as completed
@@ -25,7 +26,7 @@ select thumbq.reap_stale(%(limit)s) as reset_count
 select thumbq.prune(%(days)s, %(limit)s) as result
 
 -- name: progress
-select * from thumbq.progress(%(group_id)s)
+select * from thumbq.progress_v2(%(group_id)s)
 
 -- name: retry_failed
 select thumbq.retry_failed(%(group_id)s) as requeued
@@ -119,8 +120,8 @@ select source_key, thumbnail_key
 select 1 as ok
 
 -- name: progress_as_user
--- progress as a user sees it through RLS, in one statement (009_progress_as_user.sql).
-select * from thumbq.progress_as_user(%(claims)s, %(group_id)s)
+-- progress as a user sees it through RLS, in one statement (010's progress_as_user_v2).
+select * from thumbq.progress_as_user_v2(%(claims)s, %(group_id)s)
 
 -- name: act_as_user
 -- For the rest of the transaction, act as Supabase's `authenticated` role with a user's JWT
@@ -128,3 +129,44 @@ select * from thumbq.progress_as_user(%(claims)s, %(group_id)s)
 -- transaction: safe behind a transaction-mode pooler.
 select set_config('role', 'authenticated', true) as role,
        set_config('request.jwt.claims', %(claims)s, true) as claims
+
+-- name: sync_tasks
+-- The registered tasks' buckets and limits, where claims read them. A bucket a task names that
+-- does not exist yet is created with the default bucket's limits, so that it shows (and can be
+-- changed) in thumbq.rate_limits.
+with t as (
+  select * from jsonb_to_recordset(%(tasks)s::jsonb)
+    as t(name text, bucket text, max_attempts integer, runs_in text)
+), b as (
+  insert into thumbq.rate_limits (name, capacity, refill_per_second, tokens)
+  select distinct t.bucket, 1000, 100, 1000 from t where t.bucket is not null
+  on conflict (name) do nothing
+  returning name
+)
+insert into thumbq.tasks (name, bucket, max_attempts, runs_in)
+select t.name, t.bucket, t.max_attempts, t.runs_in from t
+on conflict (name) do update set bucket = excluded.bucket,
+  max_attempts = excluded.max_attempts, runs_in = excluded.runs_in,
+  updated_at = clock_timestamp()
+returning name, (select count(*) from b) as buckets_created
+
+-- name: enqueue_jobs
+select job_id, task, created, status, ordering_key, sequence
+  from thumbq.enqueue_jobs(%(items)s::jsonb, %(group_id)s, %(max_attempts)s)
+
+-- name: claim_job
+select thumbq.claim_job(%(worker_id)s, %(job_id)s, %(vt_seconds)s, %(bucket)s, %(prepaid)s)
+  as result
+
+-- name: checkpoint
+select thumbq.checkpoint(%(worker_id)s, %(job_id)s, %(msg_id)s, %(state)s::jsonb, %(done)s,
+                         %(total)s, %(requeue)s) as result
+
+-- name: cancel_jobs
+select thumbq.cancel_jobs(%(job_ids)s::bigint[]) as cancelled
+
+-- name: still_held
+-- Of the jobs an invocation runs, those it no longer holds (cancelled, or taken over).
+select id from thumbq.jobs
+ where id = any(%(job_ids)s::bigint[])
+   and (status <> 'processing' or worker_id is distinct from %(worker_id)s)

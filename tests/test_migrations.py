@@ -238,7 +238,8 @@ def test_the_whole_chain_pushed_to_a_new_project_is_a_fresh_install(
         queues = {r["queue_name"] for r in conn.execute("select * from pgmq.list_queues()")}
         ext = conn.execute("select extversion from pg_extension where extname = 'pgmq'")
         assert ext.fetchone() == {"extversion": pgmq}
-    assert queues == {"thumbq_jobs", "thumbq_dlq"}
+    # The work queue of each priority (0 is thumbq_jobs) and the dead letters.
+    assert queues == {"thumbq_jobs", "thumbq_dlq"} | {f"thumbq_jobs_p{p}" for p in range(1, 10)}
     dump = schema_dump(url)
     assert "CREATE TABLE thumbq.jobs" in dump and "CREATE POLICY" in dump
     assert dump == fresh

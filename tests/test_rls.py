@@ -227,7 +227,8 @@ def test_only_progress_and_the_policy_helper_are_callable_by_signed_in_users(
         " has_function_privilege('anon', p.oid, 'execute') as anon,"
         " has_function_privilege('authenticated', p.oid, 'execute') as authenticated,"
         " has_function_privilege('service_role', p.oid, 'execute') as service_role,"
-        " coalesce(array_to_string(p.proacl, ','), '') ~ '(^|,)=X' as public"
+        " coalesce(array_to_string(p.proacl, ','), '') ~ '(^|,)=X' as public,"
+        " p.prosecdef and p.prorettype = 'trigger'::regtype as definer_trigger"
         " from pg_proc p where p.pronamespace = 'thumbq'::regnamespace"
     ).fetchall()
     assert len(rows) > 15
@@ -235,10 +236,12 @@ def test_only_progress_and_the_policy_helper_are_callable_by_signed_in_users(
     assert [r["fn"] for r in rows if r["anon"]] == []
     assert sorted(r["fn"] for r in rows if r["authenticated"]) == [
         "thumbq.progress(text)",
+        "thumbq.progress_v2(text)",
         "thumbq.request_user_id()",
     ]
-    # service_role (Supabase's backend key) still runs every transition.
-    assert [r["fn"] for r in rows if not r["service_role"]] == []
+    # service_role (Supabase's backend key) still runs every transition; only trigger functions
+    # that run as their owner (security definer) are nobody's to call.
+    assert [r["fn"] for r in rows if not r["service_role"] and not r["definer_trigger"]] == []
 
 
 def test_reapplying_the_function_files_keeps_the_grants(conn: db.Conn) -> None:
@@ -251,8 +254,9 @@ def test_reapplying_the_function_files_keeps_the_grants(conn: db.Conn) -> None:
             conn.execute(path.read_bytes())
     row = conn.execute(
         "select bool_or(has_function_privilege('authenticated', p.oid, 'execute'))"
-        " filter (where p.proname not in ('progress', 'request_user_id')) as users,"
-        " bool_and(has_function_privilege('service_role', p.oid, 'execute')) as service"
+        " filter (where p.proname not in ('progress', 'progress_v2', 'request_user_id')) as users,"
+        " bool_and(has_function_privilege('service_role', p.oid, 'execute'))"
+        " filter (where not (p.prosecdef and p.prorettype = 'trigger'::regtype)) as service"
         " from pg_proc p where p.pronamespace = 'thumbq'::regnamespace"
     ).fetchone()
     assert row == {"users": False, "service": True}

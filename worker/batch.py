@@ -33,7 +33,7 @@ from worker.budget import (
     kind_of,
     size_class,
 )
-from worker.errors import RENDER_TIMEOUT, STORAGE_TIMEOUT, ThumbqError
+from worker.errors import RENDER_TIMEOUT, STORAGE_TIMEOUT, UNSUPPORTED_TASK, ThumbqError
 from worker.log import log_event
 from worker.queue import ClaimedJob, Queue
 from worker.retry import classify
@@ -242,6 +242,10 @@ class _Run:
         render_window_ms = self.budget.remaining_ms()
         outcome = "succeeded"
         try:
+            if job.task != "thumbnail":
+                raise ThumbqError(
+                    UNSUPPORTED_TASK, f"no handler for task {job.task!r} in this invocation"
+                )
             data, info = self.storage.get(job.source_key, max_bytes=self.config.max_bytes)
             if job.source_etag and info.etag != job.source_etag:
                 # The object changed since it was enqueued: the new version supersedes this job.

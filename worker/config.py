@@ -166,6 +166,10 @@ class Config:
     # Finished jobs, batch runs and archived messages older than this are pruned by
     # cleanup-stale (0 keeps everything); group summaries stay.
     retention_days: int = 30
+    # Modules whose @task handlers this process runs besides the built-in thumbnail task.
+    tasks: tuple[str, ...] = ()
+    # A priority's queue whose oldest job has waited this long counts one priority higher.
+    priority_ageing_s: int = 60
     # How long one process reuses a progress answer for a group (0: read the database each time).
     progress_cache_ms: int = 500
     # How long one process trusts RLS's "this user may see this group" (a "may not" is kept only
@@ -260,6 +264,8 @@ class Config:
             ),
             rate_bucket=env.get("THUMBQ_RATE_BUCKET") or "thumbnail_generation",
             retention_days=_int(env, "THUMBQ_RETENTION_DAYS", 30, lo=0, hi=36_500),
+            tasks=tuple(m.strip() for m in (env.get("THUMBQ_TASKS") or "").split(",") if m.strip()),
+            priority_ageing_s=_int(env, "THUMBQ_PRIORITY_AGEING_S", 60, lo=1, hi=86_400),
             progress_cache_ms=_int(env, "THUMBQ_PROGRESS_CACHE_MS", 500, lo=0, hi=60_000),
             access_cache_ms=_int(env, "THUMBQ_ACCESS_CACHE_MS", 30_000, lo=0, hi=3_600_000),
             api_url=(env.get("THUMBQ_API_URL") or "http://127.0.0.1:8000").rstrip("/"),

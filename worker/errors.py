@@ -13,6 +13,8 @@ TOO_LARGE = "too_large"
 SOURCE_MISSING = "source_missing"
 # A key enqueued without the API's checks (through SQL or RPC) that storage refuses.
 INVALID_KEY = "invalid_key"
+# A job names a task no module of THUMBQ_TASKS registered.
+UNSUPPORTED_TASK = "unsupported_task"
 # Transient: the world may be different next time.
 STORAGE_ERROR = "storage_error"
 RENDER_TIMEOUT = "render_timeout"
@@ -25,7 +27,15 @@ INTERNAL = "internal"
 LEASE_EXPIRED = "lease_expired"
 
 PERMANENT_CODES = frozenset(
-    {UNSUPPORTED_TYPE, CORRUPT_INPUT, ENCRYPTED_INPUT, TOO_LARGE, SOURCE_MISSING, INVALID_KEY}
+    {
+        UNSUPPORTED_TYPE,
+        CORRUPT_INPUT,
+        ENCRYPTED_INPUT,
+        TOO_LARGE,
+        SOURCE_MISSING,
+        INVALID_KEY,
+        UNSUPPORTED_TASK,
+    }
 )
 TRANSIENT_CODES = frozenset(
     {STORAGE_ERROR, STORAGE_TIMEOUT, RENDER_TIMEOUT, DB_ERROR, DB_TIMEOUT, INTERNAL, LEASE_EXPIRED}

@@ -40,6 +40,13 @@ class ClaimedJob:
     content_type: str | None
     attempts: int
     max_attempts: int
+    task: str = "thumbnail"
+    payload: Any = None
+    state: Any = None
+    priority: int = 0
+    ordering_key: str | None = None
+    sequence: int | None = None
+    checkpoints: int = 0
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> ClaimedJob:
@@ -47,13 +54,24 @@ class ClaimedJob:
             id=int(d["id"]),
             msg_id=int(d["msg_id"]),
             group_id=str(d["group_id"]),
-            source_key=str(d["source_key"]),
-            source_etag=str(d["source_etag"]),
+            source_key=str(d.get("source_key") or ""),
+            source_etag=str(d.get("source_etag") or ""),
             source_bytes=d.get("source_bytes"),
             content_type=d.get("content_type"),
             attempts=int(d["attempts"]),
             max_attempts=int(d["max_attempts"]),
+            task=str(d.get("task") or "thumbnail"),
+            payload=d.get("payload"),
+            state=d.get("state"),
+            priority=int(d.get("priority") or 0),
+            ordering_key=d.get("ordering_key"),
+            sequence=d.get("sequence"),
+            checkpoints=int(d.get("checkpoints") or 0),
         )
+
+    def as_dict(self) -> dict[str, Any]:
+        """The job's fields (what a task's context is made from)."""
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
 @dataclass(frozen=True)
@@ -69,11 +87,17 @@ class Queue:
     """Transitions of `thumbq.jobs` and its pgmq messages on one connection."""
 
     def __init__(
-        self, conn: db.Conn, *, bucket: str | None = "thumbnail_generation", max_attempts: int = 3
+        self,
+        conn: db.Conn,
+        *,
+        bucket: str | None = "thumbnail_generation",
+        max_attempts: int = 3,
+        ageing_s: int = 60,
     ) -> None:
         self.conn = conn
         self.bucket = bucket
         self.max_attempts = max_attempts
+        self.ageing_s = ageing_s
         # Threads of one invocation share the connection; a bounded call counts its wait for it.
         self._turn = threading.Lock()
 
@@ -158,6 +182,7 @@ class Queue:
                 "vt_seconds": vt_seconds,
                 "bucket": self.bucket,
                 "prepaid": prepaid,
+                "ageing_s": self.ageing_s,
             }
             try:
                 row = db.one(self.conn, "claim", params, bound=_left(bound, started))
@@ -175,6 +200,97 @@ class Queue:
             # short claim for a drained queue.
             return Claim(jobs, True, retry_after_ms)
         return Claim(jobs, bool(r["rate_limited"]), r.get("retry_after_ms"))
+
+    def claim_job(
+        self, worker_id: str, job_id: int, vt_seconds: int, *, bound: db.Bound | None = None
+    ) -> tuple[ClaimedJob | None, dict[str, Any]]:
+        """Lease one given job if it waits (an interactive run), under the same lease and rate
+        limit as a batch. Returns the job, or None and why not (`reason`: busy, not_waiting,
+        rate_limited, with `retry_after_ms`)."""
+        with self._turn_for("claim_job", bound) as started:
+            prepaid = False
+            if self.bucket is not None:
+                grant = ratelimit.take(self.conn, self.bucket, 1, bound=_left(bound, started))
+                if grant is not None and not grant.granted:
+                    return None, {"reason": "rate_limited", "retry_after_ms": grant.retry_after_ms}
+                prepaid = grant is not None
+            params = {
+                "worker_id": worker_id,
+                "job_id": job_id,
+                "vt_seconds": vt_seconds,
+                "bucket": self.bucket,
+                "prepaid": prepaid,
+            }
+            row = db.one(self.conn, "claim_job", params, bound=_left(bound, started))
+            assert row is not None
+            r = dict(row["result"])
+            if r["jobs"]:
+                return ClaimedJob.from_json(r["jobs"][0]), r
+            if prepaid and self.bucket is not None:
+                ratelimit.refund(self.conn, self.bucket, 1, bound=_REFUND_BOUND)
+            return None, r
+
+    def enqueue_jobs(
+        self,
+        items: Sequence[Mapping[str, Any]],
+        group_id: str = "default",
+        *,
+        bound: db.Bound | None = None,
+    ) -> list[dict[str, Any]]:
+        """Enqueue jobs of any task (`task`, `payload`, `priority`, `ordering_key`, `sequence`,
+        `idempotency_key`, `group_id`, `max_attempts`); one row per item, in order."""
+        return self._run(
+            "enqueue_jobs",
+            {
+                "items": json.dumps(list(items)),
+                "group_id": group_id,
+                "max_attempts": self.max_attempts,
+            },
+            bound,
+        )
+
+    def checkpoint(
+        self,
+        worker_id: str,
+        job: ClaimedJob,
+        state: Any,
+        done: int | None,
+        total: int | None,
+        *,
+        requeue: bool,
+        bound: db.Bound | None = None,
+    ) -> dict[str, Any]:
+        """Save a running job's state and progress; with `requeue`, hand it back to wait for a
+        later invocation without using an attempt. `owned` is false once it was cancelled."""
+        row = self._one(
+            "checkpoint",
+            {
+                "worker_id": worker_id,
+                "job_id": job.id,
+                "msg_id": job.msg_id,
+                "state": None if state is None else json.dumps(state),
+                "done": done,
+                "total": total,
+                "requeue": requeue,
+            },
+            bound,
+        )
+        assert row is not None
+        return dict(row["result"])
+
+    def cancel_jobs(self, job_ids: Sequence[int]) -> int:
+        """Cancel jobs that wait or run (a running one sees `ctx.cancelled()`)."""
+        row = self._one("cancel_jobs", {"job_ids": list(job_ids)}, None)
+        return int(row["cancelled"]) if row else 0
+
+    def not_held(
+        self, worker_id: str, job_ids: Sequence[int], *, bound: db.Bound | None = None
+    ) -> set[int]:
+        """Of `job_ids`, those `worker_id` no longer holds (cancelled, or taken over)."""
+        if not job_ids:
+            return set()
+        rows = self._run("still_held", {"job_ids": list(job_ids), "worker_id": worker_id}, bound)
+        return {int(r["id"]) for r in rows}
 
     def complete(
         self,

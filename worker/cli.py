@@ -299,8 +299,8 @@ def _after_enqueue(
         keys = [j["source_key"] for j in result.get("jobs", []) if j.get("missing")]
         shown = ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
         say(
-            f"{result['missing']} file(s) not found in {storage.url}: {shown}; they are listed "
-            "in the group as cancelled (source_missing)"
+            f"{result['missing']} file(s) not found in {storage.url}: {shown}; they stay listed "
+            "in the group, and the next batch ends them cancelled (source_missing)"
         )
     progress = _queue(rt, conn).progress(group) or {}
     waiting = int(progress.get("pending") or 0) + int(progress.get("processing") or 0)

@@ -239,6 +239,6 @@ def test_watch_without_a_users_token_never_connects_as_anon(stub: RealtimeStub) 
         timeout_s=5,
     )
     err = io.StringIO()
-    assert watch(opts, GROUP, io.StringIO(), err) == 2
+    assert watch(opts, GROUP, io.StringIO(), err) == 1
     assert "needs a group member's access token in THUMBQ_USER_JWT" in err.getvalue()
     assert stub.joins == []

@@ -115,7 +115,7 @@ def test_watch_uses_the_user_token_and_rls_decides(
         code, out, err = run(_token("mallory"))
         assert (code, out) == (1, "") and "no group 'members-only'" in err
         code, out, err = run("not-the-secret-and-not-a-jwt")
-        assert code == 2 and "the API refused" in err
+        assert code == 1 and "the API refused" in err
 
 
 def test_watch_sends_if_none_match_and_an_unchanged_group_costs_a_304(

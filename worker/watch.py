@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 # Exit codes: the group is done; it does not exist (or the caller may not see it); the watch
-# cannot work as configured (no credentials, refused token).
-DONE, NOT_FOUND, UNUSABLE = 0, 1, 2
+# cannot work as configured (no credentials, refused token) or gave up. Errors exit 1, as every
+# thumbq command's do (2 is for a usage error).
+DONE, NOT_FOUND, UNUSABLE = 0, 1, 1
 # Bounds on the wait between polls, whatever the server suggests or the network does.
 MIN_POLL_MS, MAX_POLL_MS = 100, 30_000
 SUBSCRIBE_TIMEOUT_S = 15.0

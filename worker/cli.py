@@ -966,7 +966,9 @@ ENV_BATCH = {
     "THUMBQ_THUMB_SIZE, THUMBQ_THUMB_SIZES, THUMBQ_THUMB_FORMAT": "thumbnail box(es) and format "
     "(512, webp)",
     "THUMBQ_PDF_PAGE, THUMBQ_MAX_PIXELS, THUMBQ_MAX_PAGES, THUMBQ_MAX_BYTES, "
-    "THUMBQ_RENDER_MEMORY_MB, THUMBQ_RATE_BUCKET, THUMBQ_SOFFICE": "see docs/configuration.md",
+    "THUMBQ_RENDER_MEMORY_MB, THUMBQ_RATE_BUCKET, THUMBQ_SOFFICE": "limits and tools: see the "
+    "README's configuration table",
+    "THUMBQ_TASKS, THUMBQ_PRIORITY_AGEING_S": "modules with more tasks; priority ageing (60 s)",
 }
 ENV_API = {
     "THUMBQ_CRON_SECRET": "the admin secret; default: the one `thumbq up` keeps in THUMBQ_HOME",

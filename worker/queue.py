@@ -238,11 +238,20 @@ class Queue:
         bound: db.Bound | None = None,
     ) -> list[dict[str, Any]]:
         """Enqueue jobs of any task (`task`, `payload`, `priority`, `ordering_key`, `sequence`,
-        `idempotency_key`, `group_id`, `max_attempts`); one row per item, in order."""
+        `idempotency_key`, `group_id`, `max_attempts`); one row per item, in order. A task
+        registered in this process gives its jobs its own max_attempts."""
+        from worker.tasks import REGISTRY
+
+        todo = []
+        for item in items:
+            registered = REGISTRY.get(str(item.get("task")))
+            if registered is not None and registered.max_attempts and "max_attempts" not in item:
+                item = {**item, "max_attempts": registered.max_attempts}
+            todo.append(item)
         return self._run(
             "enqueue_jobs",
             {
-                "items": json.dumps(list(items)),
+                "items": json.dumps(todo),
                 "group_id": group_id,
                 "max_attempts": self.max_attempts,
             },

@@ -148,9 +148,11 @@ def load_modules(modules: Iterable[str]) -> list[str]:
     return REGISTRY.names()
 
 
-def sync(conn: db.Conn, registry: Registry = REGISTRY) -> None:
+def sync(
+    conn: db.Conn, registry: Registry = REGISTRY, *, call_bound: db.Bound | None = None
+) -> None:
     """Write the registered tasks' buckets and limits to `thumbq.tasks`, where claims read
-    them (and an operator can see and change them)."""
+    them and an operator sees them (a bucket a task names is created if missing)."""
     rows = [
         {
             "name": t.name,
@@ -166,7 +168,7 @@ def sync(conn: db.Conn, registry: Registry = REGISTRY) -> None:
 
         from worker import db as dbm
 
-        dbm.run(conn, "sync_tasks", {"tasks": json.dumps(rows)})
+        dbm.run(conn, "sync_tasks", {"tasks": json.dumps(rows)}, bound=call_bound)
 
 
 class ContextBackend(Protocol):

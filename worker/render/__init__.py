@@ -40,6 +40,9 @@ class RenderOptions:
     # Cheaper rendering for an input that could not finish in its window: lower resolution, no
     # anti-aliasing, embedded images skipped. The thumbnail is marked `degraded`.
     degraded: bool = False
+    # Modules of THUMBQ_TASKS: imported once by the zygote, so that its children run their
+    # handlers (tasks that run in a process).
+    tasks: tuple[str, ...] = ()
 
     def all_sizes(self) -> tuple[int, ...]:
         """The sizes to make, ascending, without duplicates."""

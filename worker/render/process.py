@@ -42,6 +42,12 @@ on it is a frame: an 8-byte big-endian unsigned length, then that many bytes.
   "content_type", "source_type", "renditions": [{"size", "width", "height", "length"}, ...],
   "thumbhash", "dominant_color", "degraded"}`, the renditions ascending by size, their bytes
   one after another in the second frame.
+- Tasks (worker.tasks, `runs_in="process"`): the worker sends a frame holding a JSON object
+  `{"task", "job", "deadline_in_s"}`. While the handler runs, the child sends frames
+  `{"kind": "save", "state"?, "done", "total"}` (a checkpoint or progress) and
+  `{"kind": "cancelled?"}`, and waits for the worker's answer `{"cancelled": bool}` to each. Its
+  reply ends as a render's does: a header `{"ok": true, "kind": "result", "result",
+  "checkpoint": bool}` or an error header with `"permanent"`, then an empty frame.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ import contextlib
 import json
 import os
 import queue
+import re
 import resource
 import signal
 import socket
@@ -83,6 +90,8 @@ _ZYGOTE_BOOT = (
     "from worker.render.process import _zygote_main; _zygote_main(int(sys.argv[2]))"
 )
 _FRAME = struct.Struct("!Q")
+# What a task's error code may look like (it is stored and shown as is).
+_CODE_RE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 # How long close() lets an idle child or the zygote exit on its own before killing it.
 _STOP_GRACE_S = 0.5
 # After SIGKILL, how long to wait for the kernel to close the child's socket.
@@ -217,6 +226,74 @@ class RenderPool:
             raise
         finally:
             self._slots.put(child if child is not None and not child.dead else None)
+
+    def run_task(
+        self,
+        task: str,
+        job: dict[str, Any],
+        *,
+        timeout_s: float,
+        on_save: Callable[[Any | None, int | None, int | None], None],
+        is_cancelled: Callable[[], bool],
+    ) -> TaskReply:
+        """Run a task's handler in a child process (worker.tasks); kill it once `timeout_s`
+        passes (ThumbqError RENDER_TIMEOUT). `on_save(state, done, total)` records the
+        handler's checkpoints and progress as they come; `is_cancelled()` answers its checks."""
+        deadline = time.monotonic() + timeout_s
+        if self._closed:
+            raise RuntimeError("RenderPool is closed")
+        if timeout_s <= 0:
+            raise ThumbqError(RENDER_TIMEOUT, "no time was left to run the task")
+        try:
+            child = self._slots.get(timeout=timeout_s)
+        except queue.Empty:
+            raise ThumbqError(
+                RENDER_TIMEOUT,
+                f"no process became free within {timeout_s:.1f} s (all {self.workers} busy)",
+            ) from None
+        request = json.dumps({"task": task, "job": job, "deadline_in_s": timeout_s}).encode()
+        try:
+            if child is None or child.dead:
+                child = self._start_child()
+            try:
+                child.sock.settimeout(max(deadline - time.monotonic(), 0.001))
+                _send_frame(child.sock, request)
+            except (BrokenPipeError, ConnectionResetError):
+                self._kill(child)
+                child = self._start_child()
+                _send_frame(child.sock, request)
+            while True:
+                header = json.loads(_recv_frame(child.sock, deadline, _MAX_HEADER))
+                if header.get("kind") == "save":
+                    on_save(header.get("state"), header.get("done"), header.get("total"))
+                elif header.get("kind") != "cancelled?":
+                    _recv_frame(child.sock, deadline, 0)
+                    break
+                _send_frame(child.sock, json.dumps({"cancelled": is_cancelled()}).encode())
+            child.renders += 1
+            if header.get("exit"):
+                self._kill(child)
+        except TimeoutError:
+            if child is not None:
+                self._kill(child)
+            raise _Overran(
+                RENDER_TIMEOUT,
+                f"the task ran past the invocation's deadline ({timeout_s:.1f} s) and was "
+                "stopped (a long task checkpoints: ctx.checkpoint)",
+            ) from None
+        except (EOFError, OSError, ValueError) as exc:
+            if child is not None:
+                self._kill(child)
+            raise ThumbqError(
+                INTERNAL, f"the task's process died or sent a malformed message: {exc}"
+            ) from None
+        except BaseException:
+            if child is not None:
+                self._kill(child)
+            raise
+        finally:
+            self._slots.put(child if child is not None and not child.dead else None)
+        return TaskReply.from_header(header)
 
     def _office_type(self, data: bytes) -> str | None:
         """The office type of `data` when LibreOffice is configured to convert it, else None
@@ -472,6 +549,46 @@ def _optional_str(value: object, max_length: int) -> str | None:
     return value
 
 
+@dataclass(frozen=True)
+class TaskReply:
+    """How a task's handler ended in its child: a result, a checkpoint, or an error (`code`,
+    `message`, `permanent`)."""
+
+    ok: bool
+    checkpoint: bool = False
+    result: Any = None
+    state: Any = None
+    progress: tuple[int, int | None] | None = None
+    code: str | None = None
+    message: str | None = None
+    permanent: bool = False
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any]) -> TaskReply:
+        """Read a child's final header as data (never as code), checking its shape."""
+        progress = header.get("progress")
+        if progress is not None:
+            done, total = progress
+            progress = (int(done), None if total is None else int(total))
+        if header.get("ok") is True:
+            return cls(
+                ok=True,
+                checkpoint=bool(header.get("checkpoint")),
+                result=header.get("result"),
+                state=header.get("state"),
+                progress=progress,
+            )
+        code = str(header.get("code") or INTERNAL)
+        if not _CODE_RE.fullmatch(code):
+            code = INTERNAL
+        return cls(
+            ok=False,
+            code=code,
+            message=str(header.get("message") or "")[:2000],
+            permanent=bool(header.get("permanent")),
+        )
+
+
 class _Overran(ThumbqError):
     """A render was stopped at its deadline (as opposed to never starting)."""
 
@@ -615,7 +732,14 @@ def _zygote_main(control_fd: int) -> None:
             _stop_children()
             return
         options, memory_limit_mb = json.loads(request)
-        opts = RenderOptions(**{**options, "sizes": tuple(options.get("sizes") or ())})
+        opts = RenderOptions(
+            **{
+                **options,
+                "sizes": tuple(options.get("sizes") or ()),
+                "tasks": tuple(options.get("tasks") or ()),
+            }
+        )
+        _import_tasks(opts.tasks)
         parent_end, child_end = socket.socketpair()
         pid = os.fork()
         if pid == 0:
@@ -691,16 +815,37 @@ def _limit_memory(megabytes: int) -> str:
     return "none"
 
 
+def _import_tasks(modules: tuple[str, ...]) -> None:
+    """Import the task modules in the zygote (once each), so that every child has them."""
+    import importlib
+
+    for module in modules:
+        # A module that fails to import fails its tasks' jobs in the child, with its error.
+        with contextlib.suppress(Exception):
+            importlib.import_module(module)
+
+
 def _child_main(sock: socket.socket, opts: RenderOptions, memory_limit_mb: int) -> None:
-    """Serve renders one after another until the parent closes the socket."""
+    """Serve renders (and tasks' jobs) one after another until the parent closes the socket."""
     from worker.render import render
 
     _limit_memory(memory_limit_mb)
     while True:
         try:
-            declared_type, size, degraded = json.loads(_recv_frame(sock, None, _MAX_HEADER))
+            request = json.loads(_recv_frame(sock, None, _MAX_HEADER))
         except (EOFError, OSError):
             return
+        if isinstance(request, dict):
+            header = _run_task(sock, request, memory_limit_mb)
+            try:
+                _send_frame(sock, json.dumps(header).encode())
+                _send_frame(sock, b"")
+            except (OSError, MemoryError):
+                return
+            if header.get("exit"):
+                return
+            continue
+        declared_type, size, degraded = request
         job_opts = replace(opts, degraded=True) if degraded else opts
         header, body = _render_one(sock, size, declared_type, job_opts, memory_limit_mb, render)
         try:
@@ -767,3 +912,88 @@ def _recv_bytes(sock: socket.socket, size: int) -> bytes:
 
 def _memory_message(megabytes: int) -> str:
     return f"rendering exceeded the memory limit of {megabytes} MB"
+
+
+# -- tasks -----------------------------------------------------------------------------------------
+
+
+class _ChildBackend:
+    """A task context's backend in the child: every save and check is a question to the worker,
+    answered with whether the job was cancelled meanwhile."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._cancelled = False
+
+    def _ask(self, message: dict[str, Any]) -> None:
+        _send_frame(self.sock, json.dumps(message).encode())
+        answer = json.loads(_recv_frame(self.sock, None, _MAX_HEADER))
+        self._cancelled = self._cancelled or bool(answer.get("cancelled"))
+
+    def save(self, state: Any | None, done: int | None, total: int | None) -> None:
+        message: dict[str, Any] = {"kind": "save", "done": done, "total": total}
+        if state is not None:
+            message["state"] = state
+        self._ask(message)
+
+    def cancelled(self) -> bool:
+        if not self._cancelled:
+            self._ask({"kind": "cancelled?"})
+        return self._cancelled
+
+
+def _run_task(sock: socket.socket, request: dict[str, Any], memory_limit_mb: int) -> dict[str, Any]:
+    """Run one task's handler in this child; the reply header."""
+    from worker import tasks
+
+    def error(code: str, message: str, *, permanent: bool, exits: bool) -> dict[str, Any]:
+        return {
+            "ok": False,
+            "code": code,
+            "message": message[:2000],
+            "permanent": permanent,
+            "exit": exits,
+        }
+
+    name = str(request.get("task"))
+    registered = tasks.REGISTRY.get(name)
+    if registered is None:
+        return error(
+            tasks.UNSUPPORTED_TASK,
+            f"no handler for task {name!r} in the render process (THUMBQ_TASKS)",
+            permanent=True,
+            exits=False,
+        )
+    deadline = time.monotonic() + float(request["deadline_in_s"])
+    ctx = tasks.TaskContext(request["job"], deadline, _ChildBackend(sock))
+    try:
+        value = registered.fn(ctx, ctx.payload)
+        # The last progress reported goes with the outcome.
+        last = ctx.last_progress()
+        if isinstance(value, tasks.Checkpoint):
+            return {
+                "ok": True,
+                "kind": "result",
+                "checkpoint": True,
+                "state": value.state,
+                "progress": last,
+            }
+        json.dumps(value)  # a result the database cannot store fails here, as the handler's
+        return {
+            "ok": True,
+            "kind": "result",
+            "checkpoint": False,
+            "result": value,
+            "progress": last,
+        }
+    except (MemoryLimitExceeded, MemoryError):
+        return error(TOO_LARGE, _memory_message(memory_limit_mb), permanent=True, exits=True)
+    except tasks.PermanentError as exc:
+        return error(exc.code, exc.message, permanent=True, exits=False)
+    except tasks.TransientError as exc:
+        return error(exc.code, exc.message, permanent=False, exits=False)
+    except (EOFError, OSError) as exc:
+        # The worker went away (or killed the job): nothing to report to.
+        return error(INTERNAL, f"lost the worker: {exc}", permanent=False, exits=True)
+    except Exception as exc:
+        return error(INTERNAL, f"{type(exc).__name__}: {exc}", permanent=False, exits=False)

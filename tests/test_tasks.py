@@ -1,0 +1,289 @@
+"""The task engine end to end: handlers in child processes and in threads, results, errors,
+checkpoints across invocations (and across a SIGKILL), cancellation of a running job, and
+strict order per ordering key under concurrent invocations that get killed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+import tests.tasks_fixture  # noqa: F401  (registers the tasks in this process too)
+from worker import db
+from worker.batch import BatchResult, run_batch
+from worker.config import Config
+from worker.queue import Queue
+from worker.storage import open_storage
+
+ROOT = Path(__file__).resolve().parent.parent
+TASKS = "tests.tasks_fixture"
+
+
+@pytest.fixture
+def tconfig(config: Config) -> Config:
+    return config.with_(tasks=(TASKS,))
+
+
+def batch(config: Config, conn: db.Conn, **kw: object) -> BatchResult:
+    return run_batch(config, conn, open_storage(config), **kw)  # type: ignore[arg-type]
+
+
+def job_rows(conn: db.Conn) -> list[dict]:
+    return conn.execute(
+        "select id, task, status, error_code, last_error, result, state, attempts, checkpoints,"
+        " progress_done, progress_total from thumbq.jobs order by id"
+    ).fetchall()
+
+
+def test_handlers_run_in_a_child_process_or_a_thread_and_their_results_are_stored(
+    tconfig: Config, conn: db.Conn
+) -> None:
+    q = Queue(conn)
+    q.enqueue_jobs(
+        [
+            {"task": "echo", "payload": {"n": 1}},
+            {"task": "echo_thread", "payload": {"n": 2}},
+            {"task": "nobody_knows_me"},
+        ],
+        "g",
+    )
+    result = batch(tconfig, conn)
+    assert (result.succeeded, result.unsupported) == (2, 1)
+    rows = {r["task"]: r for r in job_rows(conn)}
+    assert rows["echo"]["status"] == "completed"
+    assert rows["echo"]["result"]["payload"] == {"n": 1}
+    assert rows["echo"]["result"]["pid"] != os.getpid()  # the render child ran it
+    assert rows["echo_thread"]["result"] == {"payload": {"n": 2}, "pid": os.getpid()}
+    unknown = rows["nobody_knows_me"]
+    assert (unknown["status"], unknown["error_code"]) == ("unsupported", "unsupported_task")
+    assert "THUMBQ_TASKS" in unknown["last_error"]
+
+
+def test_a_permanent_error_ends_the_job_and_a_transient_one_retries_then_dead_letters(
+    tconfig: Config, conn: db.Conn
+) -> None:
+    Queue(conn).enqueue_jobs([{"task": "refuse"}, {"task": "flaky"}], "g")
+    result = batch(tconfig, conn)
+    assert (result.failed, result.retried) == (1, 1)
+    rows = {r["task"]: r for r in job_rows(conn)}
+    assert (rows["refuse"]["status"], rows["refuse"]["error_code"]) == ("failed", "bad_request")
+    assert rows["refuse"]["last_error"] == "this request can never succeed"
+    assert (rows["flaky"]["status"], rows["flaky"]["error_code"]) == (
+        "pending",
+        "upstream_unavailable",
+    )
+    # The task's own max_attempts (2), not THUMBQ_MAX_ATTEMPTS (3): the second failure is last.
+    conn.execute("select pgmq.set_vt('thumbq_jobs', msg_id, 0) from thumbq.jobs")
+    batch(tconfig, conn)
+    flaky = {r["task"]: r for r in job_rows(conn)}["flaky"]
+    assert (flaky["status"], flaky["attempts"]) == ("failed", 2)
+    assert Queue(conn).overview()["dlq_length"] == 1
+
+
+@pytest.mark.parametrize("task", ["steps", "steps_thread"])
+def test_a_long_job_finishes_across_invocations_from_its_checkpoints(
+    tconfig: Config, conn: db.Conn, task: str
+) -> None:
+    # 4 s of work, 1.5 s windows: at least three invocations, no attempt used by any.
+    Queue(conn).enqueue_jobs([{"task": task, "payload": {"steps": 40, "step_ms": 100}}], "g")
+    config = tconfig.with_(budget_ms=2000, buffer_ms=500)
+    runs = []
+    for _ in range(8):
+        runs.append(batch(config, conn))
+        if runs[-1].succeeded:
+            break
+    assert [r.checkpointed for r in runs[:-1]] == [1] * (len(runs) - 1)
+    assert len(runs) >= 3 and runs[-1].succeeded == 1
+    assert all(r.duration_ms <= 1500 + 300 for r in runs)
+    row = job_rows(conn)[0]
+    assert row["status"] == "completed"
+    assert row["result"] == {"sum": sum(range(40)), "steps": 40}
+    assert row["attempts"] == 1 and row["checkpoints"] >= 40
+    assert (row["progress_done"], row["progress_total"]) == (40, 40)
+
+
+def test_a_job_killed_between_checkpoints_resumes_from_the_last_one(
+    tconfig: Config, conn: db.Conn, db_url: str, tmp_path: Path
+) -> None:
+    log = tmp_path / "steps.log"
+    Queue(conn).enqueue_jobs(
+        [{"task": "steps", "payload": {"steps": 30, "step_ms": 100, "log": str(log)}}], "g"
+    )
+    script = textwrap.dedent(
+        f"""
+        from worker import db
+        from worker.batch import run_batch
+        from worker.config import Config
+        from worker.storage import open_storage
+        config = Config.from_env({{"DATABASE_URL": {db_url!r}, "THUMBQ_TASKS": {TASKS!r},
+                                   "THUMBQ_HOME": {str(tmp_path / "home")!r},
+                                   "THUMBQ_BUDGET_MS": "60000", "THUMBQ_CONCURRENCY": "1"}})
+        with db.connect(config.database_url) as conn:
+            run_batch(config, conn, open_storage(config))
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (
+        not log.exists() or len(log.read_text().splitlines()) < 10
+    ):
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # the invocation and its render child, mid-step
+    proc.wait()
+    saved = job_rows(conn)[0]
+    assert saved["status"] == "processing" and saved["state"]["i"] >= 10
+    # As if its lease had run out (budget + 20 s), without waiting for it.
+    conn.execute("update thumbq.jobs set lease_expires_at = now() - interval '1 second'")
+    conn.execute("select pgmq.set_vt('thumbq_jobs', msg_id, 0) from thumbq.jobs")
+    for _ in range(6):
+        batch(tconfig, conn)
+        if job_rows(conn)[0]["status"] == "completed":
+            break
+    row = job_rows(conn)[0]
+    assert row["status"] == "completed"
+    assert row["result"] == {"sum": sum(range(30)), "steps": 30}  # as if never killed
+    steps = [json.loads(line)["i"] for line in log.read_text().splitlines()]
+    # It went on from the last checkpoint: no step was done twice, none was skipped.
+    assert steps == list(range(1, 31))
+
+
+@pytest.mark.parametrize("task", ["until_cancelled", "until_cancelled_thread"])
+def test_cancelling_a_running_job_stops_it_within_one_check_and_its_output_is_removed(
+    tconfig: Config, conn: db.Conn, db_url: str, tmp_path: Path, task: str
+) -> None:
+    partial, seen = tmp_path / "partial.csv", tmp_path / "seen"
+    rows = Queue(conn).enqueue_jobs(
+        [{"task": task, "payload": {"partial": str(partial), "seen": str(seen)}}], "g"
+    )
+    results: list[BatchResult] = []
+    runner = threading.Thread(
+        target=lambda: results.append(batch(tconfig.with_(budget_ms=8000), conn))
+    )
+    runner.start()
+    while not partial.exists():
+        time.sleep(0.01)
+    with db.connect(db_url) as other:
+        cancelled_at = time.monotonic()
+        assert Queue(other).cancel_jobs([rows[0]["job_id"]]) == 1
+    while not seen.exists() and time.monotonic() - cancelled_at < 5:
+        time.sleep(0.01)
+    stopped_after = time.monotonic() - cancelled_at
+    runner.join(15)
+    assert seen.exists() and stopped_after < 1.0  # one poll (0.25 s) and one check
+    assert not partial.exists()
+    assert results[0].duration_ms < 4000  # it did not run on to the deadline
+    row = job_rows(conn)[0]
+    assert (row["status"], row["error_code"]) == ("cancelled", "cancelled")
+    assert row["state"] is None  # the cancelled job's report changed nothing
+
+
+@pytest.mark.slow
+def test_order_holds_under_four_concurrent_invocations_with_sigkills(
+    db_url: str, tmp_path: Path
+) -> None:
+    """For every ordering key, the completion order equals the sequence order, and no two jobs
+    of one key ever run at once, while invocations are SIGKILLed and replaced."""
+    keys, per_key = 12, 8
+    log = tmp_path / "segments.log"
+    with db.connect(db_url) as c:
+        Queue(c).enqueue_jobs(
+            [
+                {
+                    "task": "segment",
+                    "ordering_key": f"video-{k}",
+                    "payload": {"key": f"video-{k}", "seq": s, "log": str(log), "sleep_ms": 100},
+                }
+                for k in range(keys)
+                for s in range(1, per_key + 1)
+            ],
+            "videos",
+        )
+    script = textwrap.dedent(
+        f"""
+        import time
+        from worker import db
+        from worker.batch import run_batch
+        from worker.config import Config
+        from worker.storage import open_storage
+        config = Config.from_env({{"DATABASE_URL": {db_url!r}, "THUMBQ_TASKS": {TASKS!r},
+                                   "THUMBQ_HOME": {str(tmp_path / "home")!r},
+                                   "THUMBQ_BUDGET_MS": "3000", "THUMBQ_BUFFER_MS": "1000",
+                                   "THUMBQ_CONCURRENCY": "1"}})
+        with db.connect(config.database_url) as conn:
+            while True:
+                r = run_batch(config, conn, open_storage(config))
+                if r.stopped_reason == "drained" and not r.processed:
+                    time.sleep(0.2)
+        """
+    )
+
+    def start() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-c", script],
+            cwd=ROOT,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    procs = [start() for _ in range(4)]
+    kills = 0
+    deadline = time.monotonic() + 150
+    try:
+        with db.connect(db_url) as c:
+            while time.monotonic() < deadline:
+                time.sleep(0.5)
+                if kills < 4:
+                    victim = procs.pop(kills % len(procs))
+                    os.killpg(victim.pid, signal.SIGKILL)
+                    victim.wait()
+                    kills += 1
+                    # Its leases run out as if 20 s had passed: the replacement takes over.
+                    c.execute(
+                        "update thumbq.jobs set lease_expires_at = now() - interval '1 second'"
+                        " where status = 'processing' and worker_id like %s",
+                        [f"%:{victim.pid}:%"],
+                    )
+                    procs.append(start())
+                left = c.execute(
+                    "select count(*) as n from thumbq.jobs where status <> 'completed'"
+                ).fetchone()["n"]
+                if left == 0:
+                    break
+    finally:
+        for p in procs:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert left == 0 and kills == 4
+
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    starts: dict[str, list[dict]] = defaultdict(list)
+    for e in events:
+        starts[e["key"]].append(e)
+    with db.connect(db_url) as c:
+        completed = c.execute(
+            "select ordering_key, sequence from thumbq.jobs order by completed_at, id"
+        ).fetchall()
+    by_key: dict[str, list[int]] = defaultdict(list)
+    for r in completed:
+        by_key[r["ordering_key"]].append(r["sequence"])
+    assert all(seqs == list(range(1, per_key + 1)) for seqs in by_key.values()), by_key
+    # No two segments of one key ever ran at once (a killed run's segment has no end: it
+    # counts as running until the next segment of its key started, which it never overlaps).
+    for key, evs in starts.items():
+        open_seq = None
+        for e in sorted(evs, key=lambda e: (e["t"], e["at"] == "start")):
+            if e["at"] == "start":
+                assert open_seq is None or open_seq == e["seq"], (key, open_seq, e)
+                open_seq = e["seq"]
+            elif e["seq"] == open_seq:
+                open_seq = None

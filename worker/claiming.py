@@ -1,0 +1,126 @@
+"""Which work an invocation takes, and when it starts each item.
+
+Jobs are claimed as many as are predicted to fit in the remaining time across the workers
+(about half of it per claim, so that concurrent invocations share a backlog), and an item starts
+only if its predicted duration fits before the deadline.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import deque
+
+from worker import db
+from worker.budget import Budget, Predictor, kind_of, size_class
+from worker.queue import ClaimedJob, Queue
+from worker.recording import FAIR_SHARE, Recorder, bound
+from worker.tasks import THUMBNAIL
+
+# One claim takes at most this many: tiny items would otherwise be claimed all at once, holding
+# them away from concurrent invocations and making one long transaction.
+CLAIM_CHUNK_MAX = 250
+
+
+def job_kind(job: ClaimedJob) -> tuple[str, int]:
+    """What the predictor knows a job by: a file's kind and size class, or its task."""
+    if job.task != THUMBNAIL:
+        return f"task:{job.task}", 0
+    return kind_of(job.content_type, job.source_key), size_class(job.source_bytes)
+
+
+class Scheduler:
+    """Claims and hands out work to an invocation's worker threads, under one lock."""
+
+    def __init__(
+        self,
+        queue: Queue,
+        budget: Budget,
+        predictor: Predictor,
+        recorder: Recorder,
+        *,
+        worker_id: str,
+        concurrency: int,
+        max_items: int,
+        vt_seconds: int,
+    ) -> None:
+        self.queue = queue
+        self.budget = budget
+        self.predictor = predictor
+        self.recorder = recorder
+        self.worker_id = worker_id
+        self.concurrency = concurrency
+        self.max_items = max_items
+        self.vt_seconds = vt_seconds
+        self.lock = threading.Lock()
+        self.waiting: deque[ClaimedJob] = deque()
+        self.claimed = 0
+        self.exhausted: str | None = None  # drained | rate_limited | max_items | timeout | error
+        self.claim_error: Exception | None = None
+        self.time_stopped = False
+        self.retry_after_ms: int | None = None
+
+    def _predict(self, job: ClaimedJob) -> float:
+        return self.predictor.start_ms(*job_kind(job))
+
+    def _claim_more(self) -> None:
+        """Claim about half of what is predicted to fit in the remaining time."""
+        if self.claimed >= self.max_items:
+            self.exhausted = "max_items"
+            return
+        remaining = self.budget.remaining_ms()
+        typical = self.predictor.typical_ms()
+        if self.waiting:
+            typical = sum(self._predict(j) for j in self.waiting) / len(self.waiting)
+        fit = self.concurrency * remaining / max(typical, 1.0)
+        want = max(self.concurrency, math.ceil(fit / 2)) - len(self.waiting)
+        want = min(want, self.max_items - self.claimed, CLAIM_CHUNK_MAX)
+        if want <= 0:
+            return
+        claim = self.queue.claim(self.worker_id, want, self.vt_seconds, bound=bound(self.budget))
+        self.claimed += len(claim.jobs)
+        self.waiting.extend(claim.jobs)
+        if claim.rate_limited:
+            self.exhausted = "rate_limited"
+            self.retry_after_ms = claim.retry_after_ms
+        elif len(claim.jobs) < want:
+            self.exhausted = "drained"
+        elif self.claimed >= self.max_items:
+            self.exhausted = "max_items"
+
+    def next_job(self) -> ClaimedJob | None:
+        """The next job to start, or None when the calling worker should stop."""
+        with self.lock:
+            while True:
+                if self.budget.expired():
+                    self.time_stopped = True
+                    return None
+                # Early in the run an item starts even when predicted not to fit: otherwise one
+                # predicted longer than any window would wait forever. It gets its fair share
+                # and is killed at the deadline if it needs more (an attempt, then the DLQ).
+                early = self.budget.remaining_ms() >= FAIR_SHARE * self.budget.work_ms
+                for job in self.waiting:
+                    if early or self.budget.fits(self._predict(job)):
+                        self.waiting.remove(job)
+                        return job
+                if self.waiting:
+                    # Nothing claimed fits any more; later claims would not either.
+                    self.time_stopped = True
+                    return None
+                if self.exhausted:
+                    return None
+                try:
+                    self._claim_more()
+                except db.DeadlineExceeded as exc:
+                    # A lock held elsewhere (the bucket row, a job row) kept the claim past the
+                    # deadline; it changed nothing. Out of time, not an error of the run.
+                    self.recorder.errors.append(str(exc))
+                    self.time_stopped = True
+                    self.exhausted = "timeout"
+                    return None
+                except Exception as exc:
+                    # The database is gone: stop claiming; run_batch reports it after the
+                    # items in flight have ended (their leases keep them safe meanwhile).
+                    self.claim_error = exc
+                    self.exhausted = "error"
+                    return None

@@ -249,6 +249,7 @@ SCHEMAS: dict[str, Any] = {
             "missing",
             "retried",
             "skipped",
+            "checkpointed",
             "remaining",
             "stopped_reason",
             "duration_ms",
@@ -275,6 +276,11 @@ SCHEMAS: dict[str, Any] = {
             },
             "retried": {"type": "integer"},
             "skipped": {"type": "integer"},
+            "checkpointed": {
+                "type": "integer",
+                "description": "Jobs whose handler stopped to be resumed by a later invocation "
+                "(a task's checkpoint: no attempt used).",
+            },
             "remaining": {"type": ["integer", "null"]},
             "stopped_reason": {
                 "type": "string",

@@ -341,7 +341,8 @@ def test_batch_generate_renders_a_pdf_and_reports(
     out = resp.get_json()
     assert set(out) == {
         "run_id", "processed", "succeeded", "failed", "unsupported", "missing", "retried",
-        "skipped", "remaining", "stopped_reason", "duration_ms", "budget_ms", "retry_after_ms",
+        "skipped", "checkpointed", "remaining", "stopped_reason", "duration_ms", "budget_ms",
+        "retry_after_ms",
     }  # fmt: skip
     assert (out["succeeded"], out["remaining"], out["budget_ms"]) == (1, 0, 6000)
     assert out["stopped_reason"] == "drained" and out["duration_ms"] < 6000

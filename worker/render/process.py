@@ -90,6 +90,8 @@ _ZYGOTE_BOOT = (
     "from worker.render.process import _zygote_main; _zygote_main(int(sys.argv[2]))"
 )
 _FRAME = struct.Struct("!Q")
+# A task's handler is told of a deadline this much before its process is killed.
+_TASK_GRACE_S = 0.25
 # What a task's error code may look like (it is stored and shown as is).
 _CODE_RE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 # How long close() lets an idle child or the zygote exit on its own before killing it.
@@ -251,7 +253,12 @@ class RenderPool:
                 RENDER_TIMEOUT,
                 f"no process became free within {timeout_s:.1f} s (all {self.workers} busy)",
             ) from None
-        request = json.dumps({"task": task, "job": job, "deadline_in_s": timeout_s}).encode()
+        # The handler sees a deadline a little before the kill, so that a checkpoint made at
+        # its last moment still reaches the worker.
+        grace_s = min(_TASK_GRACE_S, timeout_s / 4)
+        request = json.dumps(
+            {"task": task, "job": job, "deadline_in_s": timeout_s - grace_s}
+        ).encode()
         try:
             if child is None or child.dead:
                 child = self._start_child()

@@ -13,6 +13,8 @@ from __future__ import annotations
 import base64
 import io
 import random
+import shutil
+import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -114,6 +116,37 @@ def test_a_videos_thumbnail_is_not_its_black_first_second(pool: RenderPool, name
     # The first second is black; after it the picture is blue with a red box.
     assert ImageStat.Stat(img.convert("L")).mean[0] > 40
     assert has_colour(img, BLUE) and has_colour(img, RED)
+
+
+def red_centre_x(img: Image.Image) -> float:
+    """Where the red pixels are across the picture, 0 (left) to 1 (right)."""
+    rgb = img.convert("RGB")
+    raw, w = rgb.tobytes(), rgb.width
+    xs = [(i // 3) % w for i in range(0, len(raw), 3) if raw[i] > 150 and raw[i + 2] < 100]
+    assert xs, "no red in the picture"
+    return sum(xs) / len(xs) / w
+
+
+@pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="ffmpeg (the CLI) is not installed")
+@pytest.mark.parametrize("rotate", [90, 270])
+def test_a_phone_video_turned_by_its_display_matrix_is_shown_upright(
+    pool: RenderPool, tmp_path: Path, rotate: int
+) -> None:
+    # Phones store a portrait video as landscape frames plus a rotation; ffmpeg's own frame
+    # grab (autorotate) is the reference for which way up it is.
+    source = tmp_path / "in.mp4"
+    source.write_bytes(fc.mp4_video())
+    turned, reference = tmp_path / "turned.mp4", tmp_path / "reference.png"
+    ffmpeg = ["ffmpeg", "-v", "error", "-y", "-i"]
+    meta = ["-c", "copy", "-metadata:s:v:0", f"rotate={rotate}"]
+    subprocess.run([*ffmpeg, str(source), *meta, str(turned)], check=True)
+    grab = ["-ss", "2", "-i", str(turned), "-frames:v", "1", str(reference)]
+    subprocess.run([*ffmpeg[:-1], *grab], check=True)
+    thumb = pool.render(turned.read_bytes(), None, timeout_s=30)
+    img = decode(thumb.data)
+    expected = Image.open(reference)
+    assert img.height > img.width and expected.height > expected.width
+    assert (red_centre_x(img) < 0.5) == (red_centre_x(expected) < 0.5)
 
 
 def test_a_portrait_photo_stays_portrait_in_heic_avif_and_psd(pool: RenderPool) -> None:

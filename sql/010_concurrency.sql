@@ -1154,7 +1154,9 @@ $$;
 -- "thumbnail_content_type"?, "width"?, "height"?, "bytes"?, "duration_ms"?, "source_type"?,
 -- "thumbnails"?, "thumbhash"?, "dominant_color"?, "degraded"?, "result"?}. Only jobs still
 -- leased by p_worker_id under that message change; their messages are deleted, and the next
--- job of each ordering key gets its message. Returns how many completed.
+-- job of each ordering key gets its message. A job whose row another transaction holds (a
+-- cancel under way, an operator's statement) is skipped rather than waited for: the rest of
+-- the batch is recorded, and that one comes back with its lease. Returns how many completed.
 create or replace function thumbq.complete(p_worker_id text, p_results jsonb)
 returns integer
 language plpgsql
@@ -1178,7 +1180,7 @@ begin
                   on j.id = (e->>'job_id')::bigint and j.msg_id = (e->>'msg_id')::bigint
                where j.status = 'processing' and j.worker_id = p_worker_id
                order by j.id
-                 for update of j) s;
+                 for update of j skip locked) s;
       if v_ids is null then
         return 0;
       end if;

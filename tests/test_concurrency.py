@@ -458,3 +458,23 @@ def test_retention_prunes_old_history_in_chunks_and_keeps_every_answer(
     result = cleanup_stale(conn, config.with_(retention_days=30))
     assert result["pruned"]["jobs"] == 4
     assert q.progress("g")["completed"] == before["completed"]
+
+
+def test_a_completion_batch_is_not_held_up_by_one_locked_job(db_url: str, conn: db.Conn) -> None:
+    # Regression: complete() waited for every job row of its batch, so one row held by another
+    # session (a long cancel, an operator) cost the whole batch its recording at the deadline.
+    q = Queue(conn)
+    q.enqueue(items(3), "g")
+    jobs = q.claim("w", 3, 60).jobs
+    with db.connect(db_url) as other:
+        other.execute("begin")
+        other.execute("select 1 from thumbq.jobs where id = %s for update", [jobs[0].id])
+        started = time.monotonic()
+        done = q.complete("w", [{"job_id": j.id, "msg_id": j.msg_id} for j in jobs])
+        assert time.monotonic() - started < 1.0
+        other.execute("rollback")
+    assert done == 2
+    rows = conn.execute("select id, status from thumbq.jobs order by id").fetchall()
+    assert [r["status"] for r in rows] == ["processing", "completed", "completed"]
+    # The skipped one is still this worker's: a later report records it.
+    assert q.complete("w", [{"job_id": jobs[0].id, "msg_id": jobs[0].msg_id}]) == 1

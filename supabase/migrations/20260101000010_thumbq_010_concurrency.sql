@@ -1162,7 +1162,9 @@ $$;
 -- "thumbnail_content_type"?, "width"?, "height"?, "bytes"?, "duration_ms"?, "source_type"?,
 -- "thumbnails"?, "thumbhash"?, "dominant_color"?, "degraded"?, "result"?}. Only jobs still
 -- leased by p_worker_id under that message change; their messages are deleted, and the next
--- job of each ordering key gets its message. Returns how many completed.
+-- job of each ordering key gets its message. A job whose row another transaction holds (a
+-- cancel under way, an operator's statement) is skipped rather than waited for: the rest of
+-- the batch is recorded, and that one comes back with its lease. Returns how many completed.
 create or replace function thumbq.complete(p_worker_id text, p_results jsonb)
 returns integer
 language plpgsql
@@ -1186,7 +1188,7 @@ begin
                   on j.id = (e->>'job_id')::bigint and j.msg_id = (e->>'msg_id')::bigint
                where j.status = 'processing' and j.worker_id = p_worker_id
                order by j.id
-                 for update of j) s;
+                 for update of j skip locked) s;
       if v_ids is null then
         return 0;
       end if;
@@ -1741,7 +1743,7 @@ grant execute on function thumbq.progress(text), thumbq.progress_v2(text),
   thumbq.request_user_id() to authenticated;
 
 insert into thumbq.schema_migrations (version, checksum)
-values ('010_concurrency', 'c2a9ee8a1bc50e98e0b9a8ece2293d3d8b9a312026b39d09c13ba888fba9a303')
+values ('010_concurrency', '0e6f1322cf4776b4a0402e3c202d42011220d3230899290b0a8da9960703f8a4')
 on conflict (version) do update set checksum = excluded.checksum, applied_at = clock_timestamp();
 
 commit;

@@ -78,11 +78,25 @@ def install_pgmq(conn: db.Conn, how: str) -> None:
             conn.execute(f"create extension pgmq version '{how}'")  # a version we name
 
 
-def pg_bin(name: str) -> str:
-    """A Postgres 15 client program (pg_dump matches the server), else the one on PATH."""
-    path = PG15_BIN / name
-    if path.exists():
-        return str(path)
+def pg_bin(name: str, url: str | None = None) -> str:
+    """A Postgres client program of the server's major version (pg_dump refuses a newer
+    server): Debian's Postgres 15, the embedded pgserver's own (16), else the one on PATH."""
+    candidates = [PG15_BIN / name]
+    if url is not None:
+        with db.connect(url) as conn:
+            row = conn.execute("select current_setting('server_version_num')::int / 10000 as v")
+            major = row.fetchone()["v"]  # type: ignore[index]
+        if major != 15:
+            candidates = []
+            try:
+                import pgserver
+
+                candidates.append(Path(pgserver.__file__).parent / "pginstall" / "bin" / name)
+            except ImportError:
+                pass
+    for path in candidates:
+        if path.exists():
+            return str(path)
     found = shutil.which(name)
     require(found is not None, f"{name} is not installed")
     assert found is not None
@@ -92,7 +106,7 @@ def pg_bin(name: str) -> str:
 def schema_dump(url: str, schema: str = "thumbq") -> str:
     """`pg_dump --schema-only` of one schema, without comments, SET lines and blank lines."""
     proc = subprocess.run(
-        [pg_bin("pg_dump"), "--schema-only", f"--schema={schema}", "--no-owner", "-d", url],
+        [pg_bin("pg_dump", url), "--schema-only", f"--schema={schema}", "--no-owner", "-d", url],
         capture_output=True,
         text=True,
         timeout=60,

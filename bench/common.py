@@ -32,16 +32,30 @@ def server_url() -> str:
     return embedded_database_url(Path(".thumbq-bench").resolve())
 
 
-def scratch_database(name: str) -> str:
-    """A fresh database `name` with the thumbq schema on the bench server; returns its URL."""
+def scratch_database(name: str, pgmq: str = "default") -> str:
+    """A fresh database `name` with the thumbq schema on the bench server; returns its URL.
+
+    `pgmq`: "default" takes what `thumbq db init` takes (the extension where the server offers
+    it), "sql" the `pgmq` package's SQL (what the embedded default runs on)."""
     base = server_url()
     with psycopg.connect(make_conninfo(base, dbname="postgres"), autocommit=True) as admin:
         admin.execute(f'drop database if exists "{name}" with (force)')
         admin.execute(f'create database "{name}"')
     url = make_conninfo(base, dbname=name)
     with db.connect(url) as conn:
+        if pgmq == "sql":
+            from pgmq.install import get_embedded_install_sql, install_pgmq_sql
+
+            with conn.transaction():
+                install_pgmq_sql(get_embedded_install_sql(), conn=conn)  # type: ignore[arg-type]
         db.init_schema(conn)
     return url
+
+
+def pgmq_install(conn: db.Conn) -> str:
+    """Which pgmq a database has: "extension <version>" or "sql (the pgmq package)"."""
+    row = conn.execute("select extversion from pg_extension where extname = 'pgmq'").fetchone()
+    return f"extension {row['extversion']}" if row else "sql (the pgmq package)"
 
 
 def median(xs: list[float]) -> float:
@@ -101,7 +115,14 @@ class NoopPool:
     def __init__(self, sleep_ms: float = 0.0) -> None:
         self.sleep_s = sleep_ms / 1000
 
-    def render(self, data: bytes, declared_type: str | None, *, timeout_s: float) -> Thumbnail:
+    def render(
+        self,
+        data: bytes,
+        declared_type: str | None,
+        *,
+        timeout_s: float,
+        degrade_after_s: float | None = None,
+    ) -> Thumbnail:
         if self.sleep_s:
             time.sleep(self.sleep_s)
         return Thumbnail(b"t", "image/webp", 1, 1, "image/jpeg")

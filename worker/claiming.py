@@ -83,6 +83,11 @@ class Scheduler:
         if claim.rate_limited:
             self.exhausted = "rate_limited"
             self.retry_after_ms = claim.retry_after_ms
+        elif len(claim.jobs) < want and claim.limited:
+            # A task's own bucket, not the queue, left the claim short: the run is rate limited
+            # (and says when to come back), not drained.
+            self.exhausted = "rate_limited"
+            self.retry_after_ms = claim.retry_after_ms
         elif len(claim.jobs) < want:
             self.exhausted = "drained"
         elif self.claimed >= self.max_items:

@@ -76,11 +76,14 @@ class ClaimedJob:
 
 @dataclass(frozen=True)
 class Claim:
-    """What one claim returned; `rate_limited` when the bucket had no token."""
+    """What one claim returned; `rate_limited` when the bucket had no token. `limited` jobs
+    were read but refused by their task's own bucket (thumbq.tasks): they wait for it, hidden
+    for `retry_after_ms`."""
 
     jobs: list[ClaimedJob]
     rate_limited: bool
     retry_after_ms: int | None
+    limited: int = 0
 
 
 class Queue:
@@ -199,7 +202,9 @@ class Queue:
             # The bucket, not the queue, cut this claim short: say so, or the caller takes the
             # short claim for a drained queue.
             return Claim(jobs, True, retry_after_ms)
-        return Claim(jobs, bool(r["rate_limited"]), r.get("retry_after_ms"))
+        return Claim(
+            jobs, bool(r["rate_limited"]), r.get("retry_after_ms"), int(r.get("limited") or 0)
+        )
 
     def claim_job(
         self, worker_id: str, job_id: int, vt_seconds: int, *, bound: db.Bound | None = None

@@ -1,0 +1,8 @@
+"""Runnable task modules for the other systems the engine serves (docs/tasks.md, "Examples").
+
+- `examples.docgen`: documents from an external HTTP API with a quota (its bucket), one job per
+  request, duplicate requests collapsed by the request's hash.
+
+Each runs under `thumbq up` with `THUMBQ_TASKS=examples.<name>`; `python -m examples.<name>
+--help` lists the commands that enqueue its demo jobs.
+"""

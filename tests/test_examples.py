@@ -1,0 +1,238 @@
+"""The examples (examples/) end to end, each against the real thing: docgen against a local
+HTTP API that enforces its quota."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from examples import docgen
+from tests.httpstub import HttpStub, Request
+from worker import db, ratelimit
+from worker.batch import run_batch
+from worker.config import Config
+from worker.queue import Queue
+from worker.storage import open_storage
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Invocations in a process of their own, one after another with one render pool (as the API
+# keeps one), until no job of the database waits or runs, or `EXAMPLE_LOOP_S` has passed.
+LOOP = """
+import os, time
+from worker import db
+from worker.batch import render_options, run_batch
+from worker.config import Config
+from worker.render.process import RenderPool
+from worker.storage import open_storage
+
+config = Config.from_env()
+pool = RenderPool(render_options(config), config.concurrency, config.render_memory_mb)
+end = time.monotonic() + float(os.environ["EXAMPLE_LOOP_S"])
+with db.connect(config.database_url) as conn:
+    while time.monotonic() < end:
+        r = run_batch(config, conn, open_storage(config), pool)
+        left = conn.execute(
+            "select count(*) as n from thumbq.jobs where status in ('pending', 'processing')"
+        ).fetchone()["n"]
+        if not left:
+            break
+        if not r.processed:
+            time.sleep(0.1)
+pool.close()
+"""
+
+
+def env_for(config: Config, **extra: str) -> dict[str, str]:
+    """The environment of a thumbq process on the test's database and storage."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("THUMBQ_", "DOCGEN_"))}
+    env.update(
+        DATABASE_URL=config.database_url or "",
+        THUMBQ_HOME=str(config.home),
+        THUMBQ_STORAGE_URL=config.storage_url,
+        THUMBQ_CONCURRENCY=str(config.concurrency),
+    )
+    env.update(extra)
+    return env
+
+
+def start_loops(n: int, env: dict[str, str]) -> list[subprocess.Popen[bytes]]:
+    return [
+        subprocess.Popen([sys.executable, "-c", LOOP], cwd=ROOT, env=env, start_new_session=True)
+        for _ in range(n)
+    ]
+
+
+def wait_all(procs: list[subprocess.Popen[bytes]], timeout_s: float) -> None:
+    end = time.monotonic() + timeout_s
+    for p in procs:
+        p.wait(max(end - time.monotonic(), 1))
+        assert p.returncode == 0
+
+
+def jobs(conn: db.Conn, task: str) -> list[dict]:
+    return conn.execute("select * from thumbq.jobs where task = %s order by id", [task]).fetchall()
+
+
+@pytest.fixture
+def in_env(config: Config, monkeypatch: pytest.MonkeyPatch) -> Config:
+    """This process's environment names the test's database and storage (a handler in a thread
+    reads its configuration from it, as under `thumbq up`)."""
+    for name, value in env_for(config).items():
+        if name.startswith(("THUMBQ_", "DATABASE_URL")):
+            monkeypatch.setenv(name, value)
+    return config
+
+
+# -- docgen ----------------------------------------------------------------------------------
+
+
+class QuotaApi:
+    """The external document API: at most `limit` calls in any `window_s` seconds (a sliding
+    window), the rest answered 429. Records when each call came and what it asked."""
+
+    def __init__(self, limit: int, window_s: float, fail: dict[str, list[int]] | None = None):
+        self.limit = limit
+        self.window_s = window_s
+        self.fail = fail or {}
+        self.served: list[tuple[float, Request]] = []
+        self.refused = 0
+        self.lock = threading.Lock()
+        self.stub = HttpStub(self.answer)
+
+    def answer(self, req: Request) -> tuple[int, dict[str, str], bytes]:
+        now = time.monotonic()
+        with self.lock:
+            recent = [t for t, _ in self.served if t > now - self.window_s]
+            if len(recent) >= self.limit:
+                self.refused += 1
+                return 429, {"Retry-After": "1"}, b"quota exceeded"
+            self.served.append((now, req))
+            template = json.loads(req.body)["template"]
+            if self.fail.get(template):
+                status = self.fail[template].pop(0)
+                return status, {}, f"template {template} answered {status}".encode()
+        body = b"%PDF-1.4 document for " + req.body
+        return 200, {"Content-Type": "application/pdf"}, body
+
+    def most_in_any_window(self) -> int:
+        times = sorted(t for t, _ in self.served)
+        return max(
+            (sum(1 for u in times[i:] if u < t + self.window_s) for i, t in enumerate(times)),
+            default=0,
+        )
+
+
+@pytest.fixture
+def api() -> Iterator[QuotaApi]:
+    made = QuotaApi(limit=20, window_s=1.0)
+    yield made
+    made.stub.close()
+
+
+def test_docgen_never_exceeds_the_quota_with_four_concurrent_invocations(
+    config: Config, conn: db.Conn, api: QuotaApi
+) -> None:
+    """The API allows 20 calls in any second. Four invocations run side by side (processes,
+    two workers each, 2 s budgets) over 60 requests, 48 of them distinct: the bucket keeps
+    every second under 20, and each distinct request is one call and one document."""
+    work_s = 1.5
+    capacity, refill = docgen.bucket_for_quota(20, 1.0, late_s=work_s)
+    ratelimit.set_limit(conn, docgen.BUCKET, capacity, refill)
+    requests = [{"template": "letter", "data": {"to": f"c{i % 48}"}} for i in range(60)]
+    rows = Queue(conn).enqueue_jobs(docgen.jobs_for(requests), "letters")
+    assert len({r["job_id"] for r in rows}) == 48
+
+    env = env_for(
+        config,
+        THUMBQ_TASKS="examples.docgen",
+        THUMBQ_BUDGET_MS="2000",
+        THUMBQ_BUFFER_MS=str(2000 - int(work_s * 1000)),
+        DOCGEN_API_URL=api.stub.url,
+        EXAMPLE_LOOP_S="60",
+    )
+    started = time.monotonic()
+    wait_all(start_loops(4, env), 90)
+    took = time.monotonic() - started
+
+    assert api.refused == 0
+    assert api.most_in_any_window() <= 20
+    done = jobs(conn, "docgen")
+    assert [j["status"] for j in done] == ["completed"] * 48
+    # One call per distinct request, with its hash as the Idempotency-Key.
+    keys = [r.headers["Idempotency-Key"] for _, r in api.served]
+    assert len(keys) == len(set(keys)) == 48
+    assert all(
+        r.headers["Idempotency-Key"] == docgen.request_hash(json.loads(r.body))
+        for _, r in api.served
+    )
+    storage = open_storage(config)
+    for j in done:
+        data, _ = storage.get(j["result"]["key"])
+        assert data == b"%PDF-1.4 document for " + json.dumps(j["payload"]).encode()
+        assert j["result"]["request_hash"] == j["idempotency_key"]
+    # The bucket, not the API, set the pace: 48 calls at 4 + 6.4 a second take 7 s or more.
+    assert took >= (48 - capacity) / refill - 0.5
+
+
+def test_docgen_retries_what_may_pass_later_and_fails_a_refused_request_at_once(
+    in_env: Config, conn: db.Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api = QuotaApi(limit=100, window_s=1.0, fail={"flaky": [503, 429], "bad": [422]})
+    try:
+        monkeypatch.setenv(docgen.API_URL_ENV, api.stub.url)
+        requests = [
+            {"template": "flaky", "data": {}},
+            {"template": "bad", "data": {"x": 1}},
+            {"template": "letter", "data": {}},
+        ]
+        Queue(conn).enqueue_jobs(docgen.jobs_for(requests), "g")
+        config = in_env.with_(tasks=("examples.docgen",))
+        for expected in ("docgen_unavailable", "docgen_unavailable"):
+            run_batch(config, conn, open_storage(config))
+            flaky, bad, letter = jobs(conn, "docgen")
+            assert (flaky["status"], flaky["error_code"]) == ("pending", expected)
+            # Exponential backoff with jitter from 30 s: not before 15 s.
+            wait = conn.execute(
+                "select extract(epoch from next_attempt_at - now()) as s from thumbq.jobs"
+                " where id = %s",
+                [flaky["id"]],
+            ).fetchone()["s"]
+            assert wait >= 14
+            conn.execute("select pgmq.set_vt('thumbq_jobs', %s, 0)", [flaky["msg_id"]])
+        assert (bad["status"], bad["error_code"]) == ("failed", "docgen_rejected")
+        assert bad["last_error"] == "the document API answered 422: template bad answered 422"
+        assert bad["attempts"] == 1
+        assert letter["status"] == "completed"
+        run_batch(config, conn, open_storage(config))
+        flaky = jobs(conn, "docgen")[0]
+        assert (flaky["status"], flaky["attempts"]) == ("completed", 3)
+        calls = [json.loads(r.body)["template"] for _, r in api.served]
+        assert sorted(calls) == ["bad", "flaky", "flaky", "flaky", "letter"]
+    finally:
+        api.stub.close()
+
+
+def test_docgen_a_run_cut_short_by_the_task_bucket_says_rate_limited_and_when_to_return(
+    in_env: Config, conn: db.Conn, api: QuotaApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Regression: a claim whose jobs the task's own bucket refused looked drained, so the run
+    # said `drained` and the scheduler waited for its next tick (5 minutes) with work left.
+    monkeypatch.setenv(docgen.API_URL_ENV, api.stub.url)
+    ratelimit.set_limit(conn, docgen.BUCKET, 2, 0.5)
+    requests = [{"template": "letter", "data": {"n": i}} for i in range(6)]
+    Queue(conn).enqueue_jobs(docgen.jobs_for(requests), "g")
+    config = in_env.with_(tasks=("examples.docgen",))
+    result = run_batch(config, conn, open_storage(config))
+    assert result.succeeded == 2
+    assert result.stopped_reason == "rate_limited"
+    assert result.retry_after_ms is not None and 1000 <= result.retry_after_ms <= 3000
+    assert result.remaining == 4

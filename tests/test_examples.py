@@ -1,20 +1,22 @@
 """The examples (examples/) end to end, each against the real thing: docgen against a local
-HTTP API that enforces its quota."""
+HTTP API that enforces its quota, segments under concurrent invocations that get killed."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
+from array import array
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from examples import docgen
+from examples import docgen, segments
 from tests.httpstub import HttpStub, Request
 from worker import db, ratelimit
 from worker.batch import run_batch
@@ -236,3 +238,91 @@ def test_docgen_a_run_cut_short_by_the_task_bucket_says_rate_limited_and_when_to
     assert result.stopped_reason == "rate_limited"
     assert result.retry_after_ms is not None and 1000 <= result.retry_after_ms <= 3000
     assert result.remaining == 4
+
+
+# -- segments --------------------------------------------------------------------------------
+
+
+def read_journal(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_segments_run_in_order_each_once_and_resume_after_a_sigkill(
+    in_env: Config, conn: db.Conn, tmp_path: Path
+) -> None:
+    """Three files of four segments. One invocation is SIGKILLed in the middle of a segment;
+    then four run side by side. Per file, segment N starts only after N-1 is done, no chunk
+    is processed twice, the killed segment goes on from its last checkpoint, and every result
+    equals one pass over the whole file."""
+    files, per_file, samples, chunk = 3, 4, 60_000, 10_000
+    journal = tmp_path / "journal.jsonl"
+    items = []
+    for i in range(files):
+        source = f"signals/s{i}.f64"
+        segments.make_file(source, per_file, samples, seed=i)
+        items += segments.jobs_for(source, per_file, samples, chunk=chunk, pace_ms=40)
+    Queue(conn).enqueue_jobs(items, "signals")
+
+    env = env_for(
+        in_env,
+        THUMBQ_TASKS="examples.segments",
+        THUMBQ_CONCURRENCY="1",
+        SEGMENTS_JOURNAL=str(journal),
+        EXAMPLE_LOOP_S="60",
+    )
+    (victim,) = start_loops(1, {**env, "THUMBQ_BUDGET_MS": "60000"})
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(
+        e["event"] == "chunk" and e["pos"] == 3 * chunk for e in read_journal(journal)
+    ):
+        time.sleep(0.02)
+    os.killpg(victim.pid, signal.SIGKILL)  # its render child follows it (PDEATHSIG)
+    victim.wait()
+    time.sleep(0.5)
+    cut = next(e for e in reversed(read_journal(journal)) if e["event"] == "chunk")
+    # As if its lease had run out (budget + 20 s), without waiting for it.
+    conn.execute("update thumbq.jobs set lease_expires_at = now() - interval '1 second'")
+    conn.execute(
+        "select pgmq.set_vt('thumbq_jobs', msg_id, 0) from thumbq.jobs where msg_id is not null"
+    )
+    wait_all(start_loops(4, {**env, "THUMBQ_BUDGET_MS": "2000", "THUMBQ_BUFFER_MS": "500"}), 90)
+
+    rows = jobs(conn, segments.TASK)
+    assert [r["status"] for r in rows] == ["completed"] * files * per_file
+    events = read_journal(journal)
+    storage = open_storage(in_env)
+    for i in range(files):
+        source = f"signals/s{i}.f64"
+        mine = [e for e in events if e["source"] == source]
+        done_at = {e["segment"]: e["t"] for e in mine if e["event"] == "done"}
+        assert sorted(done_at) == list(range(1, per_file + 1))
+        for n in range(2, per_file + 1):
+            first_start = min(e["t"] for e in mine if e["segment"] == n)
+            assert first_start > done_at[n - 1], (source, n)
+        for n in range(1, per_file + 1):
+            chunks = [e["pos"] for e in mine if e["segment"] == n and e["event"] == "chunk"]
+            assert chunks == list(range(chunk, samples + 1, chunk)), (source, n, chunks)
+        # Every segment's numbers are those of one pass over the file.
+        data, _ = storage.get(source)
+        values = array("d")
+        values.frombytes(data)
+        carry = segments.start_carry()
+        for n in range(1, per_file + 1):
+            whole = segments.summarize(values[(n - 1) * samples : n * samples], carry)
+            out = json.loads(storage.get(segments.output_key(source, n))[0])
+            lo, hi = whole.pop("min"), whole.pop("max")
+            assert (out["min"], out["max"], out["carry"]) == (lo, hi, whole)
+            carry = whole
+    # The killed segment went on from its last checkpoint, in a later invocation.
+    resumed = [
+        e
+        for e in events
+        if e["event"] == "start" and (e["source"], e["segment"]) == (cut["source"], cut["segment"])
+    ]
+    assert [e["pos"] for e in resumed] == [0, cut["pos"]]
+    killed = next(
+        r
+        for r in rows
+        if r["payload"]["source"] == cut["source"] and r["sequence"] == cut["segment"]
+    )
+    assert killed["attempts"] == 2  # the lost lease counts; checkpoints gave theirs back

@@ -1,8 +1,10 @@
 """The examples (examples/) end to end, each against the real thing: docgen against a local
-HTTP API that enforces its quota, segments under concurrent invocations that get killed."""
+HTTP API that enforces its quota, segments under concurrent invocations that get killed, and
+an export of a 1 000 000-row table over many short invocations."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from examples import docgen, segments
+from examples import docgen, export, segments
 from tests.httpstub import HttpStub, Request
 from worker import db, ratelimit
 from worker.batch import run_batch
@@ -326,3 +328,217 @@ def test_segments_run_in_order_each_once_and_resume_after_a_sigkill(
         if r["payload"]["source"] == cut["source"] and r["sequence"] == cut["segment"]
     )
     assert killed["attempts"] == 2  # the lost lease counts; checkpoints gave theirs back
+
+
+# -- export ----------------------------------------------------------------------------------
+
+MILLION = 1_000_000
+
+
+def export_config(config: Config, budget_ms: int = 2000, buffer_ms: int = 500) -> Config:
+    return config.with_(tasks=("examples.export",), budget_ms=budget_ms, buffer_ms=buffer_ms)
+
+
+def storage_root(config: Config) -> Path:
+    return Path(config.storage_url.removeprefix("file://"))
+
+
+def partials(config: Config) -> list[str]:
+    folder = storage_root(config) / export.PREFIX / export.PARTIAL_DIR
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+def file_sha256(path: Path) -> tuple[str, int]:
+    digest, lines = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+            lines += block.count(b"\n")
+    return digest.hexdigest(), lines
+
+
+def test_export_of_a_million_rows_over_many_short_invocations_is_complete_with_progress(
+    in_env: Config, conn: db.Conn, db_url: str
+) -> None:
+    export.make_demo_table(conn, MILLION, "public.export_rows")
+    payload = {"table": "public.export_rows", "part_bytes": 4 << 20}
+    (job,) = Queue(conn).enqueue_jobs([{"task": export.TASK, "payload": payload}], "exports")
+    seen: list[tuple[int, int]] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        with db.connect(db_url) as other:
+            while not stop.is_set():
+                row = Queue(other).progress("exports")
+                seen.append((row["progress_done"], row["progress_total"]))
+                time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    config = export_config(in_env)
+    runs = []
+    try:
+        for _ in range(40):
+            runs.append(run_batch(config, conn, open_storage(config)))
+            if runs[-1].succeeded:
+                break
+    finally:
+        stop.set()
+        watcher.join()
+
+    (row,) = jobs(conn, export.TASK)
+    assert row["status"] == "completed" and row["attempts"] == 1
+    # Many invocations, each within its budget, each but the last handing the job back for
+    # time: a scheduler chains the next call at once (it waits for its next tick on `drained`).
+    assert len(runs) >= 3
+    assert all(r.duration_ms <= 1500 + 300 for r in runs)
+    assert [(r.checkpointed, r.stopped_reason) for r in runs[:-1]] == [(1, "time_budget")] * (
+        len(runs) - 1
+    )
+    result = row["result"]
+    assert result["key"] == f"exports/{job['job_id']}/export_rows.csv"
+    assert result["rows"] == MILLION
+    path = storage_root(config).joinpath(*result["key"].split("/"))
+    digest, lines = file_sha256(path)
+    assert lines == MILLION + 1  # the header and every row, once
+    assert digest == export.csv_sha256(conn, export.Spec.parse(payload))
+    assert result["bytes"] == path.stat().st_size
+    assert partials(config) == []
+    # The group's row followed the export as it went, and ends complete.
+    assert any(0 < done < MILLION and total == MILLION for done, total in seen)
+    final = Queue(conn).progress("exports")
+    assert (final["progress_done"], final["progress_total"]) == (MILLION, MILLION)
+
+
+def test_cancelling_a_running_export_stops_it_in_that_invocation_and_removes_its_output(
+    in_env: Config, conn: db.Conn, db_url: str
+) -> None:
+    export.make_demo_table(conn, MILLION, "public.export_rows")
+    payload = {"table": "public.export_rows", "part_bytes": 1 << 20}
+    (job,) = Queue(conn).enqueue_jobs([{"task": export.TASK, "payload": payload}], "exports")
+    config = export_config(in_env, budget_ms=10_000, buffer_ms=2000)
+    results = []
+    runner = threading.Thread(
+        target=lambda: results.append(run_batch(config, conn, open_storage(config)))
+    )
+    runner.start()
+    with db.connect(db_url) as other:
+        while not (Queue(other).job(job["job_id"]) or {}).get("progress_done"):
+            time.sleep(0.01)
+        assert partials(config) != []  # a part is out there
+        cancelled_at = time.monotonic()
+        assert Queue(other).cancel_jobs([job["job_id"]]) == 1
+    runner.join(20)
+    stopped_s = time.monotonic() - cancelled_at
+    (run,) = results
+    assert stopped_s < 2.0 and run.duration_ms < 8000  # it stopped, not the deadline
+    row = Queue(conn).job(job["job_id"])
+    assert (row["status"], row["error_code"]) == ("cancelled", "cancelled")
+    assert row["progress_done"] < MILLION
+    assert partials(config) == []
+    assert not any(open_storage(config).list(f"exports/{job['job_id']}/"))
+
+
+def test_an_export_killed_between_checkpoints_resumes_to_the_same_file(
+    in_env: Config, conn: db.Conn
+) -> None:
+    """SIGKILL in the middle of the export, and a half-written part after its last checkpoint:
+    the part is cut off, and the export goes on from the checkpoint to the very file one COPY
+    gives."""
+    export.make_demo_table(conn, 300_000, "public.export_rows")
+    payload = {"table": "public.export_rows", "part_bytes": 256 << 10, "chunk_rows": 2000}
+    (job,) = Queue(conn).enqueue_jobs([{"task": export.TASK, "payload": payload}], "exports")
+    env = env_for(in_env, THUMBQ_TASKS="examples.export", THUMBQ_BUDGET_MS="60000")
+    (victim,) = start_loops(1, {**env, "EXAMPLE_LOOP_S": "60"})
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        state = Queue(conn).job(job["job_id"])["state"]
+        if state and state["rows"] >= 60_000:
+            break
+        time.sleep(0.005)
+    os.killpg(victim.pid, signal.SIGKILL)
+    victim.wait()
+    time.sleep(0.5)
+    saved = Queue(conn).job(job["job_id"])
+    assert saved["status"] == "processing" and 0 < saved["state"]["rows"] < 300_000
+    # Whatever the kill interrupted, a write beyond the last checkpoint is there now.
+    (partial,) = partials(in_env)
+    with open(storage_root(in_env) / export.PREFIX / export.PARTIAL_DIR / partial, "ab") as f:
+        f.write(b"half a part,written by an invocation that was killed\n" * 1000)
+    conn.execute("update thumbq.jobs set lease_expires_at = now() - interval '1 second'")
+    conn.execute("select pgmq.set_vt('thumbq_jobs', msg_id, 0) from thumbq.jobs")
+    config = export_config(in_env)
+    for _ in range(20):
+        if run_batch(config, conn, open_storage(config)).succeeded:
+            break
+    row = Queue(conn).job(job["job_id"])
+    assert row["status"] == "completed" and row["result"]["rows"] == 300_000
+    path = storage_root(config).joinpath(*row["result"]["key"].split("/"))
+    assert file_sha256(path)[0] == export.csv_sha256(conn, export.Spec.parse(payload))
+    assert partials(config) == []
+
+
+def test_an_export_cancelled_while_it_waits_leaves_output_that_the_next_export_sweeps(
+    in_env: Config, conn: db.Conn
+) -> None:
+    export.make_demo_table(conn, 200_000, "public.export_rows")
+    payload = {"table": "public.export_rows", "part_bytes": 256 << 10, "chunk_rows": 2000}
+    (first,) = Queue(conn).enqueue_jobs([{"task": export.TASK, "payload": payload}], "a")
+    config = export_config(in_env)
+    run = run_batch(config, conn, open_storage(config))
+    assert run.checkpointed == 1, [
+        (j["error_code"], j["last_error"]) for j in jobs(conn, export.TASK)
+    ]
+    assert partials(config) == [f"{first['job_id']}-export_rows.csv"]
+    # Cancelled between two invocations: no handler of it runs again to clean up.
+    assert Queue(conn).cancel_jobs([first["job_id"]]) == 1
+    Queue(conn).enqueue_jobs([{"task": export.TASK, "payload": payload}], "b")
+    (second,) = [j for j in jobs(conn, export.TASK) if j["id"] != first["job_id"]]
+    run_batch(config, conn, open_storage(config))
+    # The second export's start swept the first one's partial file, and kept its own.
+    assert partials(config) == [f"{second['id']}-export_rows.csv"]
+
+
+def test_an_export_to_s3_is_one_multipart_upload_completed_once_and_a_cancel_aborts_it(
+    config: Config, conn: db.Conn, s3_storage_url: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import boto3.session
+
+    url, endpoint = s3_storage_url
+    s3 = config.with_(storage_url=url, s3_endpoint_url=endpoint)
+    for name, value in env_for(s3).items():
+        if name.startswith(("THUMBQ_", "DATABASE_URL")):
+            monkeypatch.setenv(name, value)
+    monkeypatch.setenv("THUMBQ_S3_ENDPOINT_URL", endpoint)
+    export.make_demo_table(conn, 250_000, "public.export_rows")
+    payload = {"table": "public.export_rows", "part_bytes": 1 << 20}  # raised to S3's 5 MiB
+    (job,) = Queue(conn).enqueue_jobs([{"task": export.TASK, "payload": payload}], "exports")
+    cfg = export_config(s3)
+    for _ in range(20):
+        if run_batch(cfg, conn, open_storage(cfg)).succeeded:
+            break
+    row = Queue(conn).job(job["job_id"])
+    assert row["status"] == "completed"
+    result = row["result"]
+    assert result["parts"] >= 3 and result["rows"] == 250_000
+    client = boto3.session.Session().client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    bucket = url.removeprefix("s3://")
+    body = client.get_object(Bucket=bucket, Key=result["key"])["Body"].read()
+    assert hashlib.sha256(body).hexdigest() == export.csv_sha256(conn, export.Spec.parse(payload))
+    assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+
+    # A second export, cancelled after its first part: its upload is aborted, no object.
+    (other,) = Queue(conn).enqueue_jobs([{"task": export.TASK, "payload": payload}], "cancel")
+    (job_row,) = [j for j in jobs(conn, export.TASK) if j["id"] == other["job_id"]]
+    one = export_config(s3, budget_ms=10_000, buffer_ms=2000)
+    runner = threading.Thread(target=lambda: run_batch(one, conn, open_storage(one)))
+    runner.start()
+    with db.connect(config.database_url or "") as watcher:
+        while not (Queue(watcher).job(job_row["id"]) or {}).get("progress_done"):
+            time.sleep(0.01)
+        assert len(client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])) == 1
+        Queue(watcher).cancel_jobs([job_row["id"]])
+    runner.join(20)
+    assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+    listed = client.list_objects_v2(Bucket=bucket, Prefix=f"exports/{job_row['id']}/")
+    assert listed.get("KeyCount", 0) == 0

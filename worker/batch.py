@@ -193,13 +193,15 @@ def run_batch(
         except db.DeadlineExceeded as exc:
             # Their leases run out instead: back in budget + VT_MARGIN_S.
             recorder.errors.append(f"could not release {len(unstarted)} unstarted jobs: {exc}")
+        counts = recorder.counts
+        # A job handed back by its handler (a checkpoint) waits, visible at once, for more
+        # time: the run stopped for time, so that a scheduler calls again now.
         reason = (
             "time_budget"
-            if scheduler.time_stopped or unstarted
+            if scheduler.time_stopped or unstarted or counts["checkpointed"]
             else scheduler.exhausted or "drained"
         )
         duration_ms = round(budget.elapsed_ms())
-        counts = recorder.counts
         summary = {
             **counts,
             "claimed": scheduler.claimed,

@@ -32,6 +32,9 @@ ERROR_CODES = [
     "job_not_found",
     "method_not_allowed",
     "batch_in_progress",
+    "sequence_conflict",
+    "too_many_streams",
+    "streams_disabled",
     "payload_too_large",
     "internal",
     "not_configured",
@@ -133,6 +136,13 @@ SCHEMAS: dict[str, Any] = {
                 f"while jobs wait for the next batch, {POLL_SETTLED_MS} when nothing is pending "
                 "or processing. Depends on the group's state only, so one ETag is one body.",
             },
+            "progress_done": {
+                "type": "integer",
+                "minimum": 0,
+                "description": "The sum of the group's jobs' own progress, as their tasks report "
+                "it (ctx.progress(done, total)); 0 for thumbnails.",
+            },
+            "progress_total": {"type": "integer", "minimum": 0},
         },
     },
     "EnqueueItem": {
@@ -419,6 +429,230 @@ SCHEMAS: dict[str, Any] = {
         },
     },
 }
+
+
+_JOB_SCHEMAS: dict[str, Any] = {
+    "JobRequest": {
+        "type": "object",
+        "description": "One job (its fields, and `wait_ms` to run it at once), or `items`: 1 to "
+        f"{v.MAX_ITEMS} jobs, all or none. A `thumbnail` job's payload is "
+        '`{"source_key", "etag"?, "content_type"?}` (as POST /api/thumbnails/enqueue; storage '
+        "is asked for the etag of a file given without one); it is idempotent by key and etag "
+        "and takes no ordering_key, sequence, idempotency_key or max_attempts.",
+        "anyOf": [_ref("SingleJobRequest"), _ref("JobItemsRequest")],
+    },
+    "JobItem": {
+        "type": "object",
+        "required": ["task"],
+        "additionalProperties": False,
+        "properties": {
+            "task": {
+                **GROUP_ID_SCHEMA,
+                "description": "The task's name: `thumbnail`, or one a THUMBQ_TASKS module "
+                "registers (a task no worker knows ends `unsupported` with `unsupported_task`).",
+            },
+            "payload": {
+                "description": "The job's input: any JSON without NUL characters, lone "
+                f"surrogates or non-finite numbers, at most {v.MAX_PAYLOAD_DEPTH} deep.",
+            },
+            "group_id": {**GROUP_ID_SCHEMA, "type": ["string", "null"], "default": "default"},
+            "priority": {"type": ["integer", "null"], "minimum": 0, "maximum": 9, "default": 0},
+            "ordering_key": {
+                "type": ["string", "null"],
+                "minLength": 1,
+                "maxLength": v.MAX_KEY_LENGTH,
+                "description": "Jobs sharing an ordering key run one at a time, in sequence "
+                "order, across all invocations; a failed one holds the rest.",
+            },
+            "sequence": {
+                "type": ["integer", "null"],
+                "minimum": 0,
+                "maximum": v.MAX_SEQUENCE,
+                "description": "Needs ordering_key; default: after the key's last job. A "
+                "sequence behind one that has started is refused (409 sequence_conflict); one "
+                "that exists names that job.",
+            },
+            "idempotency_key": {
+                "type": ["string", "null"],
+                "minLength": 1,
+                "maxLength": v.MAX_KEY_LENGTH,
+                "description": "Unique per task: the same key again returns the existing job "
+                "(`created` false).",
+            },
+            "max_attempts": {"type": ["integer", "null"], "minimum": 1, "maximum": 100},
+        },
+    },
+    "SingleJobRequest": {
+        "allOf": [_ref("JobItem")],
+        "properties": {
+            "wait_ms": {
+                "type": ["integer", "null"],
+                "minimum": v.MIN_WAIT_MS,
+                "description": "Run the job here at once and wait up to this long (at most "
+                "THUMBQ_BUDGET_MS - THUMBQ_BUFFER_MS) for it: under the same rate limit, claim "
+                "and lease as a batch. 200 when it has ended within the wait, else 202 with "
+                "`wait.reason`.",
+            },
+        },
+        "unevaluatedProperties": False,
+    },
+    "JobItemsRequest": {
+        "type": "object",
+        "required": ["items"],
+        "additionalProperties": False,
+        "properties": {
+            "items": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": v.MAX_ITEMS,
+                "items": _ref("JobItem"),
+            }
+        },
+    },
+    "JobAccepted": {
+        "type": "object",
+        "required": ["job_id", "task", "created", "status", "ordering_key", "sequence", "missing"],
+        "properties": {
+            "job_id": {"type": "integer"},
+            "task": {"type": "string"},
+            "created": {
+                "type": "boolean",
+                "description": "False: the same thumbnail version, idempotency key or ordering "
+                "key and sequence named an existing job (or an earlier item of the call).",
+            },
+            "status": _ref("JobStatus"),
+            "ordering_key": {"type": ["string", "null"]},
+            "sequence": {"type": ["integer", "null"]},
+            "missing": {
+                "type": "boolean",
+                "description": "A thumbnail job whose file storage does not have (its run ends "
+                "it `cancelled` with `source_missing`).",
+            },
+        },
+    },
+    "JobsAccepted": {
+        "type": "object",
+        "required": ["created", "existing", "jobs"],
+        "properties": {
+            "created": {"type": "integer"},
+            "existing": {"type": "integer"},
+            "jobs": {
+                "type": "array",
+                "items": _ref("JobAccepted"),
+                "description": "One per item, in order.",
+            },
+        },
+    },
+    "JobWait": {
+        "type": "object",
+        "required": ["ran", "finished", "reason", "message", "retry_after_ms", "duration_ms"],
+        "properties": {
+            "ran": {"type": "boolean", "description": "The job ran in this call."},
+            "finished": {"type": "boolean", "description": "The job has ended (see job)."},
+            "reason": {
+                "type": ["string", "null"],
+                "enum": [
+                    None,
+                    "rate_limited",
+                    "busy",
+                    "not_ready",
+                    "too_long",
+                    "timeout",
+                    "checkpointed",
+                    "retrying",
+                    "unrecorded",
+                ],
+                "description": "Why it has not ended: rate_limited (no token; retry_after_ms), "
+                "busy (another invocation holds it, or this process runs as many interactive "
+                "jobs as it has render processes), not_ready (it waits behind its ordering key "
+                "or for its retry), too_long (jobs like it take longer than the wait), timeout "
+                "(stopped at the end of the wait and handed back at once, no attempt used), "
+                "checkpointed (a later batch resumes it), retrying (it failed; backoff), "
+                "unrecorded (the database did not take its outcome; it runs again).",
+            },
+            "message": {"type": "string"},
+            "retry_after_ms": {"type": ["integer", "null"]},
+            "duration_ms": {"type": "integer"},
+        },
+    },
+    "JobRun": {
+        "allOf": [_ref("JobAccepted")],
+        "required": ["wait", "job"],
+        "properties": {"wait": _ref("JobWait"), "job": _ref("JobView")},
+    },
+    "JobView": {
+        "type": "object",
+        "required": [
+            "id",
+            "task",
+            "group_id",
+            "status",
+            "payload",
+            "result",
+            "error_code",
+            "last_error",
+            "attempts",
+            "max_attempts",
+            "priority",
+            "created_at",
+        ],
+        "properties": {
+            "id": {"type": "integer"},
+            "task": {"type": "string"},
+            "group_id": {"type": "string"},
+            "status": _ref("JobStatus"),
+            "payload": {
+                "description": "The job's input; a thumbnail job's source: "
+                '`{"source_key", "etag", "content_type"}`.'
+            },
+            "result": {
+                "description": "What the handler returned (null until it completes); a "
+                "completed thumbnail job's thumbnails: thumbnail_key, thumbnails (size -> key), "
+                "thumbnail_content_type, width, height, bytes, thumbhash, dominant_color, "
+                "degraded."
+            },
+            "error_code": {"type": ["string", "null"]},
+            "last_error": {"type": ["string", "null"]},
+            "attempts": {"type": "integer"},
+            "max_attempts": {"type": "integer"},
+            "priority": {"type": "integer", "minimum": 0, "maximum": 9},
+            "ordering_key": {"type": ["string", "null"]},
+            "sequence": {"type": ["integer", "null"]},
+            "idempotency_key": {"type": ["string", "null"]},
+            "progress_done": {"type": ["integer", "null"]},
+            "progress_total": {"type": ["integer", "null"]},
+            "checkpoints": {
+                "type": "integer",
+                "description": "How often the handler checkpointed (its state stays inside).",
+            },
+            "duration_ms": {"type": ["integer", "null"]},
+            **{
+                t: {"type": ["string", "null"], "format": "date-time"}
+                for t in (
+                    "created_at",
+                    "updated_at",
+                    "started_at",
+                    "completed_at",
+                    "next_attempt_at",
+                )
+            },
+        },
+    },
+    "JobCancelled": {
+        "type": "object",
+        "required": ["job_id", "cancelled", "status", "group_id"],
+        "properties": {
+            "job_id": {"type": "integer"},
+            "cancelled": {
+                "type": "boolean",
+                "description": "False: the job had already ended (its status says how).",
+            },
+            "status": _ref("JobStatus"),
+            "group_id": {"type": "string"},
+        },
+    },
+}
+SCHEMAS.update(_JOB_SCHEMAS)
 
 _RETRY_AFTER = {
     "Retry-After": {
@@ -818,6 +1052,165 @@ PATHS: dict[str, Any] = {
         )
     },
 }
+
+
+_JOB_ID_PARAM = {
+    "name": "job_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "integer", "minimum": 1},
+}
+_SSE = {
+    "description": "Server-Sent Events until nothing is pending or processing: a `retry:` "
+    "hint, one `progress` event per change of the group (`id` is its ETag, `data` the progress "
+    "endpoint's JSON), a `: heartbeat` comment after 15 s without an event, and an `end` event "
+    '(`{"group_id", "reason": "done" | "not_found"}`). It also ends after 30 minutes or when '
+    "a user's token expires; a client reconnects with Last-Event-ID and gets no event for the "
+    "version it has. For servers that hold long responses (`thumbq serve`); serverless "
+    "deployments poll or use Realtime.",
+    # As OpenAPI 3.2 reads a stream's `itemSchema` (and tools read `schema` before 3.2): each
+    # event, with its JSON data described by contentSchema.
+    "content": {
+        "text/event-stream": {
+            "schema": {
+                "oneOf": [
+                    {
+                        "type": "object",
+                        "required": ["event", "id", "data"],
+                        "properties": {
+                            "event": {"const": "progress"},
+                            "id": {"type": "string", "description": "The group's ETag."},
+                            "data": {
+                                "type": "string",
+                                "contentMediaType": "application/json",
+                                "contentSchema": _ref("Progress"),
+                            },
+                        },
+                    },
+                    {
+                        "type": "object",
+                        "required": ["event", "data"],
+                        "properties": {
+                            "event": {"const": "end"},
+                            "data": {
+                                "type": "string",
+                                "contentMediaType": "application/json",
+                                "contentSchema": {
+                                    "type": "object",
+                                    "required": ["group_id", "reason"],
+                                    "properties": {
+                                        "group_id": {"type": "string"},
+                                        "reason": {"enum": ["done", "not_found"]},
+                                    },
+                                },
+                            },
+                        },
+                    },
+                ]
+            }
+        }
+    },
+    "headers": {"Cache-Control": {"schema": {"const": "no-cache"}}},
+}
+_JOB_PATHS: dict[str, Any] = {
+    "/api/jobs": {
+        "post": _op(
+            "Enqueue a job of any task (or `items`: up to 1 000, all or none). With `wait_ms`, "
+            "a single job runs here at once, under the same rate limit, claim and lease as a "
+            "batch: 200 once it has ended, 202 while it still waits (`wait.reason`).",
+            {
+                "200": _json(
+                    _ref("JobRun"),
+                    "With wait_ms: the job ended within the wait, completed (its result) or "
+                    "not (its error); or it had ended before.",
+                ),
+                "202": _json(
+                    {"anyOf": [_ref("JobRun"), _ref("JobAccepted"), _ref("JobsAccepted")]},
+                    "Queued: the job (JobAccepted), the items (JobsAccepted), or with wait_ms "
+                    "a job that has not ended, and why (JobRun).",
+                    headers={
+                        "Retry-After": {
+                            "description": "With wait.reason rate_limited: seconds until a "
+                            "token comes.",
+                            "schema": {"type": "integer"},
+                        }
+                    },
+                ),
+                **_BODY_ERRORS,
+                **_ADMIN_ERRORS,
+                "404": _err("NotFound"),
+                "409": _json(
+                    _ref("Error"),
+                    "sequence_conflict: a sequence behind one of its ordering key that has "
+                    "already started; nothing was enqueued.",
+                ),
+            },
+            security=ADMIN,
+            body=_body(_ref("JobRequest")),
+            op_id="enqueueJobs",
+        )
+    },
+    "/api/jobs/{job_id}": {
+        "get": _op(
+            "One job: status, payload, result or error, attempts, priority, ordering, progress "
+            "and times.",
+            {
+                "200": _json(_ref("JobView"), "The job."),
+                "400": _err("BadRequest"),
+                "404": _err("NotFound"),
+                **_ADMIN_ERRORS,
+            },
+            security=ADMIN,
+            parameters=[_JOB_ID_PARAM],
+            op_id="showJob",
+        )
+    },
+    "/api/jobs/{job_id}/cancel": {
+        "post": _op(
+            "Cancel a job that waits or runs (a running handler sees ctx.cancelled() at its "
+            "next check; the next job of its ordering key goes).",
+            {
+                "200": _json(_ref("JobCancelled"), "Done, or it had already ended."),
+                **_BODY_ERRORS,
+                "404": _err("NotFound"),
+                **_ADMIN_ERRORS,
+            },
+            security=ADMIN,
+            body=_body({"type": "object", "additionalProperties": False}, required=False),
+            parameters=[_JOB_ID_PARAM],
+            op_id="cancelJob",
+        )
+    },
+    "/api/thumbnails/progress/stream": {
+        "get": _op(
+            "A group's progress as Server-Sent Events, one event per change, until it is done.",
+            {
+                "200": _SSE,
+                "400": _err("BadRequest"),
+                "404": _err("NotFound"),
+                **_ADMIN_ERRORS,
+                "503": _json(
+                    _ref("Error"),
+                    "too_many_streams (this process holds THUMBQ_MAX_STREAMS open; Retry-After), "
+                    "streams_disabled, not_configured, or the database is unavailable.",
+                    headers=_RETRY_AFTER,
+                ),
+            },
+            security=READER,
+            parameters=[
+                {"name": "group_id", "in": "query", "required": True, "schema": GROUP_ID_SCHEMA},
+                {
+                    "name": "Last-Event-ID",
+                    "in": "header",
+                    "required": False,
+                    "schema": {"type": "string"},
+                },
+            ],
+            op_id="streamProgress",
+        )
+    },
+}
+PATHS.update(_JOB_PATHS)
 
 
 def spec() -> dict[str, Any]:

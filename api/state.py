@@ -30,6 +30,13 @@ if TYPE_CHECKING:
 # Poolers and NAT gateways drop idle connections: one idle longer than this is pinged (an empty
 # query) before use, so a thawed serverless instance gets a live connection, not a 503.
 PING_AFTER_IDLE_S = 30.0
+# A progress stream reads its group this often (through the progress cache, so streams and
+# pollers of one group share a read), sends a comment after this long without an event (so
+# that proxies and clients keep the connection), and ends after this long (the client
+# reconnects: its credentials are checked again).
+STREAM_POLL_S = 1.0
+STREAM_HEARTBEAT_S = 15.0
+STREAM_MAX_S = 30 * 60.0
 
 
 class AppState:
@@ -43,6 +50,19 @@ class AppState:
         self.db_timeout_s = db_timeout_s
         self.pooled = pooled
         self.batch_lock = threading.Lock()
+        # Interactive runs (POST /api/jobs with wait_ms) at once in this process: one per render
+        # process, so that a click waits for its own job, not for a queue of other clicks;
+        # beyond, the job stays queued and the answer says `busy`.
+        self.inline_slots = threading.BoundedSemaphore(max(1, config.concurrency))
+        # Open progress streams (api/stream.py): each holds a request thread while it is open,
+        # and is refused with 503 beyond this. `thumbq serve` gives streams threads of their own.
+        self.stream_slots = threading.BoundedSemaphore(max(1, config.max_streams))
+        self.streams_enabled = config.max_streams > 0
+        # How a stream polls, keeps the connection alive, and how long it lives before the
+        # client reconnects (with Last-Event-ID, so nothing is sent twice); tests shorten them.
+        self.stream_poll_s = STREAM_POLL_S
+        self.stream_heartbeat_s = STREAM_HEARTBEAT_S
+        self.stream_max_s = STREAM_MAX_S
         # Who a reader's token is (admin secret, HS256 or JWKS-signed JWT), with its caches.
         self.auth = Authenticator(config)
         # A group's progress answer, for everyone allowed to see it.

@@ -11,7 +11,7 @@ from flask import Blueprint, Response, current_app, request
 from werkzeug.http import parse_etags
 
 from api import validation as v
-from api.auth import require_admin, require_reader
+from api.auth import Principal, require_admin, require_reader
 from api.errors import ApiError, json_body, json_response
 from api.state import AppState
 from worker import db
@@ -43,18 +43,20 @@ def progress_etag(row: dict[str, Any]) -> str:
     return f"{row['version']}-{digest}"
 
 
-def _group_not_found(group_id: str) -> ApiError:
+def group_not_found(group_id: str) -> ApiError:
     # Also the answer for a group the caller may not see: its existence is not revealed.
     return ApiError(404, "group_not_found", f"no group {group_id!r}")
 
 
 @dataclass(frozen=True)
 class ProgressAnswer:
-    """One version of a group's progress, ready to send: its ETag, headers and JSON body."""
+    """One version of a group's progress, ready to send: its ETag, headers and JSON body, and
+    whether the group is settled (nothing pending or processing)."""
 
     tag: str
     headers: tuple[tuple[str, str], ...]
     body: bytes
+    settled: bool = False
 
     @classmethod
     def of(cls, row: dict[str, Any]) -> ProgressAnswer:
@@ -65,19 +67,20 @@ class ProgressAnswer:
             ("Vary", "Authorization"),
             ("X-Poll-After-Ms", str(poll_after_ms(row))),
         )
-        return cls(tag, headers, json_body(progress_body(row)))
+        settled = row["pending"] + row["processing"] == 0
+        return cls(tag, headers, json_body(progress_body(row)), settled)
 
     def matches(self, if_none_match: str | None) -> bool:
         """Whether an `If-None-Match` header names this version (weak comparison, RFC 9110)."""
         return bool(if_none_match) and parse_etags(if_none_match).contains_weak(self.tag)
 
 
-@bp.get("/progress")
-def progress() -> Response:
-    """Counts, percentage, ETA and when to poll again; 304 while nothing changed."""
-    st = state()
-    who = require_reader(st.auth)
-    group_id = v.query_group_id()
+def read_progress(st: AppState, group_id: str, who: Principal) -> ProgressAnswer | None:
+    """A group's progress as `who` may see it: the operator sees every group; a user sees one
+    only if RLS lets them (asked as the user, in one statement, and trusted for the access
+    cache's interval). None for a missing group and for one the caller may not see. Both the
+    answer and the access decision come from the process's caches when fresh; a connection is
+    taken for each read and given back at once."""
     claims = who.claims_json
 
     def load() -> ProgressAnswer | None:
@@ -100,11 +103,21 @@ def progress() -> Response:
             return st.progress_cache.ttl_s
         return st.access_cache.ttl_s * (0.75 + 0.25 * random.random())
 
-    answer: ProgressAnswer | None = None
-    if claims is None or st.access_cache.get((group_id, claims), may_see, access_ttl):
-        answer = st.progress_cache.get((group_id, None), load)
+    if claims is not None and not st.access_cache.get((group_id, claims), may_see, access_ttl):
+        return None
+    answer: ProgressAnswer | None = st.progress_cache.get((group_id, None), load)
+    return answer
+
+
+@bp.get("/progress")
+def progress() -> Response:
+    """Counts, percentage, ETA and when to poll again; 304 while nothing changed."""
+    st = state()
+    who = require_reader(st.auth)
+    group_id = v.query_group_id()
+    answer = read_progress(st, group_id, who)
     if answer is None:
-        raise _group_not_found(group_id)
+        raise group_not_found(group_id)
     if answer.matches(request.headers.get("If-None-Match")):
         return Response(status=304, headers=answer.headers)
     return Response(answer.body, 200, headers=answer.headers, mimetype="application/json")
@@ -205,7 +218,7 @@ def retry_failed() -> Response:
         n = queue.retry_failed(group_id)
         st.progress_cache.forget(group_id)
         if n == 0 and queue.progress(group_id) is None:
-            raise _group_not_found(group_id)
+            raise group_not_found(group_id)
     return json_response({"requeued": n})
 
 
@@ -220,7 +233,7 @@ def cancel() -> Response:
         n = queue.cancel(group_id)
         st.progress_cache.forget(group_id)
         if n == 0 and queue.progress(group_id) is None:
-            raise _group_not_found(group_id)
+            raise group_not_found(group_id)
     return json_response({"cancelled": n})
 
 

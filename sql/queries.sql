@@ -170,3 +170,8 @@ select thumbq.cancel_jobs(%(job_ids)s::bigint[]) as cancelled
 select id from thumbq.jobs
  where id = any(%(job_ids)s::bigint[])
    and (status <> 'processing' or worker_id is distinct from %(worker_id)s)
+
+-- name: render_stats
+-- What earlier runs observed of each kind of item: an interactive run predicts from it whether
+-- its job fits in the caller's wait (a small table: kinds x size classes).
+select kind, size_class, samples, ewma_ms, max_ms from thumbq.render_stats

@@ -49,6 +49,8 @@ def sec_config(config: Config) -> Config:
 @pytest.fixture
 def app(sec_config: Config) -> Iterator[Flask]:
     app = create_app(sec_config, db_timeout_s=2.0)
+    # A fuzzed progress stream of a group that never settles would stay open for 30 minutes.
+    app.extensions["thumbq"].stream_max_s = 0.5
     yield app
     app.extensions["thumbq"].close()
 
@@ -60,7 +62,7 @@ def client(app: Flask) -> FlaskClient:
 
 # -- 6a. fuzzing from the OpenAPI description ---------------------------------------------------
 
-# Per operation, mode and credential; 15 operations x 2 modes x 3 credentials x up to 14 cases
+# Per operation, mode and credential; 19 operations x 2 modes x 3 credentials x up to 14 cases
 # makes over a thousand requests (fewer where the schema leaves little to vary).
 FUZZ_EXAMPLES = 14
 

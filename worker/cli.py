@@ -714,6 +714,13 @@ def ensure_cron_secret(config: Config) -> tuple[str, Path | None]:
     return secret, path
 
 
+def _server_threads(config: Config, threads: int) -> int:
+    """The server's threads: `threads` for requests, and one more for each progress stream the
+    app may hold open (THUMBQ_MAX_STREAMS), since a stream keeps its thread for as long as it is
+    open: streams never take the threads that answer polls, batches and enqueues."""
+    return threads + config.max_streams
+
+
 def _listen(app: Any, host: str, port: int, threads: int) -> ServerThread:
     """The started server, or a one-line error when the address cannot be used."""
     from worker.serving import ServerThread
@@ -760,11 +767,11 @@ def cmd_serve(rt: Runtime, args: argparse.Namespace) -> int:
     url = rt.database_url()
     config = rt.config.with_(database_url=url)
     if server_name == "granian":
-        return _serve_granian(config, args.host, port, args.threads)
+        return _serve_granian(config, args.host, port, _server_threads(config, args.threads))
     from api import create_app
 
     app = create_app(config)
-    server = _listen(app, args.host, port, args.threads)
+    server = _listen(app, args.host, port, _server_threads(config, args.threads))
     rt.announce(api_url=server.url)
     print(
         f"thumbq: serving on {server.url} with waitress (Ctrl-C to stop)",
@@ -885,7 +892,7 @@ def cmd_up(rt: Runtime, args: argparse.Namespace) -> int:
     port = args.port if args.port is not None else _default_port()
     app = create_app(config)
     try:
-        server = _listen(app, args.host, port, args.threads)
+        server = _listen(app, args.host, port, _server_threads(config, args.threads))
     except CliError:
         _close_app(app)
         raise
@@ -943,6 +950,85 @@ def cmd_down(rt: Runtime, args: argparse.Namespace) -> int:
     return 0
 
 
+# -- jobs of any task: enqueue, show, cancel ------------------------------------------------------
+
+
+def _option(field: str) -> str:
+    """A job field as the option (or argument) that sets it: `ordering_key` -> `--ordering-key`."""
+    return {"task": "TASK", "group_id": "--group"}.get(field, "--" + field.replace("_", "-"))
+
+
+def cmd_jobs_enqueue(rt: Runtime, args: argparse.Namespace) -> int:
+    import json
+
+    from worker.jobs import SequenceConflict, enqueue, view
+
+    item: dict[str, Any] = {"task": args.task, "group_id": args.group}
+    if args.payload is not None:
+        try:
+            item["payload"] = json.loads(args.payload)
+        except ValueError as exc:
+            raise CliError(f"--payload is not JSON: {exc}") from None
+    for field in ("priority", "ordering_key", "sequence", "idempotency_key", "max_attempts"):
+        if getattr(args, field) is not None:
+            item[field] = getattr(args, field)
+    clean = _checked(lambda: validation.job_item(item, "", name_of=_option))
+    wait_ms = None
+    if args.wait_ms is not None:
+        wait_ms = _checked(lambda: validation.wait_ms(rt.config, args.wait_ms, "--wait-ms"))
+    with _connect(rt) as conn:
+        storage = _storage(rt)
+        try:
+            [row] = enqueue(conn, storage, rt.config, [clean])
+        except SequenceConflict as exc:
+            raise CliError(f"{exc.message}: give a later --sequence, or none") from None
+        if wait_ms is None:
+            print_json(row)
+            return 0
+        from worker.batch import render_options
+        from worker.interactive import run_job
+        from worker.render.process import RenderPool
+
+        pool = RenderPool(
+            render_options(rt.config), rt.config.concurrency, rt.config.render_memory_mb
+        )
+        try:
+            run = run_job(
+                rt.config, conn, storage, pool, int(row["job_id"]), wait_ms, task=clean["task"]
+            )
+        finally:
+            pool.close()
+    job = None if run.row is None else view(run.row)
+    print_json({**row, "status": (job or row)["status"], "wait": run.summary(), "job": job})
+    if not run.finished:
+        say(f"job {row['job_id']} still waits ({run.reason}): {run.message}")
+    return 0
+
+
+def cmd_jobs_show(rt: Runtime, args: argparse.Namespace) -> int:
+    from worker.jobs import get
+
+    with _connect(rt, readonly=True) as conn, _read_only(conn):
+        job = get(conn, args.job_id)
+    if job is None:
+        raise CliError(f"no job {args.job_id}")
+    print_json(job)
+    return 0
+
+
+def cmd_jobs_cancel(rt: Runtime, args: argparse.Namespace) -> int:
+    from worker.jobs import cancel
+
+    with _connect(rt) as conn:
+        result = cancel(conn, args.job_id)
+    if result is None:
+        raise CliError(f"no job {args.job_id}")
+    print_json(result)
+    if not result["cancelled"]:
+        say(f"job {args.job_id} had already ended ({result['status']}): nothing to cancel")
+    return 0
+
+
 # -- the parser -------------------------------------------------------------------------------
 
 Handler = Callable[[Runtime, argparse.Namespace], int]
@@ -975,6 +1061,7 @@ ENV_API = {
     "THUMBQ_JWT_SECRET, THUMBQ_JWKS_URL": "how users' Supabase tokens are verified (legacy "
     "HS256 secret; JWKS, default from SUPABASE_URL)",
     "THUMBQ_PROGRESS_CACHE_MS, THUMBQ_ACCESS_CACHE_MS": "progress and access caches",
+    "THUMBQ_MAX_STREAMS": "progress streams (Server-Sent Events) open at once (32; 0: none)",
     "SUPABASE_URL, SUPABASE_ANON_KEY, THUMBQ_SUPABASE_JS_URL": "Realtime on the progress page",
 }
 ENV_SCHEDULE = {
@@ -1000,6 +1087,12 @@ def _port(text: str) -> int:
 def _threads(text: str) -> int:
     if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 256:
         raise argparse.ArgumentTypeError(f"must be 1 to 256, got {text!r}")
+    return int(text)
+
+
+def _job_id(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 2**63 - 1:
+        raise argparse.ArgumentTypeError(f"must be a job id (a positive integer), got {text!r}")
     return int(text)
 
 
@@ -1064,7 +1157,11 @@ def build_parser() -> argparse.ArgumentParser:
             help="port to listen on (default: $PORT, else 8000; 0: any free port)",
         )
         sp.add_argument(
-            "--threads", type=_threads, default=4, metavar="N", help="request threads (default 4)"
+            "--threads",
+            type=_threads,
+            default=4,
+            metavar="N",
+            help="request threads (default 4); progress streams get THUMBQ_MAX_STREAMS more",
         )
 
     sp = add(
@@ -1274,6 +1371,100 @@ def build_parser() -> argparse.ArgumentParser:
         {"THUMBQ_HOME": ENV_DATABASE["THUMBQ_HOME"]},
     )
     sp.add_argument("--force", action="store_true", help="stop it even while commands use it")
+
+    jobs = sub.add_parser(
+        "jobs",
+        help="jobs of any task: enqueue, show, cancel",
+        description="Jobs of any task (THUMBQ_TASKS modules; `thumbnail` is built in), as "
+        "POST /api/jobs, GET /api/jobs/<id> and POST /api/jobs/<id>/cancel do them.",
+        formatter_class=fmt,
+    )
+    jobsub = jobs.add_subparsers(dest="jobs_command", required=True, metavar="COMMAND")
+
+    def add_job(name: str, func: Handler, summary: str, details: str, *env: dict[str, str]) -> Any:
+        sp = jobsub.add_parser(
+            name,
+            help=summary,
+            description=f"{summary}. {details}".strip(),
+            epilog=_epilog(*env),
+            formatter_class=fmt,
+        )
+        sp.set_defaults(func=func)
+        return sp
+
+    sp = add_job(
+        "enqueue",
+        cmd_jobs_enqueue,
+        "enqueue one job of a task and print its id and status",
+        "Checked as POST /api/jobs checks it. The same --idempotency-key (per task), or "
+        "--ordering-key and --sequence, names the existing job instead of making another. A "
+        'thumbnail job\'s payload is {"source_key", "etag"?, "content_type"?}. With '
+        "--wait-ms the job runs here at once (under the same rate limit and lease as a batch) "
+        "and the answer carries its result, or says why it still waits.",
+        ENV_DATABASE,
+        ENV_STORAGE,
+        ENV_BATCH,
+    )
+    sp.add_argument("task", metavar="TASK", help="the task's name (thumbnail, or a registered one)")
+    sp.add_argument(
+        "--payload", default=None, metavar="JSON", help="the job's input, as JSON (default null)"
+    )
+    sp.add_argument("--group", default="default", help="the group to add it to (default)")
+    sp.add_argument(
+        "--priority", type=int, default=None, metavar="0-9", help="higher runs first (default 0)"
+    )
+    sp.add_argument(
+        "--ordering-key",
+        default=None,
+        metavar="KEY",
+        help="jobs sharing it run one at a time, in --sequence order",
+    )
+    sp.add_argument(
+        "--sequence",
+        type=int,
+        default=None,
+        metavar="N",
+        help="its place among its ordering key's jobs (default: after the last)",
+    )
+    sp.add_argument(
+        "--idempotency-key",
+        default=None,
+        metavar="KEY",
+        help="enqueueing the same key (per task) again returns the existing job",
+    )
+    sp.add_argument(
+        "--max-attempts",
+        type=int,
+        default=None,
+        metavar="N",
+        help="attempts before the dead-letter queue, 1-100 (default: the task's, else "
+        "THUMBQ_MAX_ATTEMPTS)",
+    )
+    sp.add_argument(
+        "--wait-ms",
+        type=int,
+        default=None,
+        metavar="MS",
+        help="run it here now and wait up to this long for its result, 100 up to "
+        "THUMBQ_BUDGET_MS - THUMBQ_BUFFER_MS",
+    )
+    sp = add_job(
+        "show",
+        cmd_jobs_show,
+        "one job: status, payload, result or error, attempts, ordering, progress, times",
+        "Read-only: never creates or changes a schema.",
+        ENV_DATABASE,
+    )
+    sp.add_argument("job_id", type=_job_id, metavar="ID", help="the job's id")
+    sp = add_job(
+        "cancel",
+        cmd_jobs_cancel,
+        "cancel a job that waits or runs",
+        "A running handler sees ctx.cancelled() at its next check; the next job of its "
+        "ordering key goes.",
+        ENV_DATABASE,
+    )
+    sp.add_argument("job_id", type=_job_id, metavar="ID", help="the job's id")
 
     dbp = sub.add_parser(
         "db",

@@ -175,6 +175,8 @@ class Config:
     # How long one process trusts RLS's "this user may see this group" (a "may not" is kept only
     # as long as a progress answer). 0: every user poll reads through RLS.
     access_cache_ms: int = 30_000
+    # Progress streams (Server-Sent Events) one API process serves at once; 0 turns them off.
+    max_streams: int = 32
     api_url: str = "http://127.0.0.1:8000"
     schedule: str = "*/5 * * * *"
     supabase_url: str | None = None
@@ -268,6 +270,7 @@ class Config:
             priority_ageing_s=_int(env, "THUMBQ_PRIORITY_AGEING_S", 60, lo=1, hi=86_400),
             progress_cache_ms=_int(env, "THUMBQ_PROGRESS_CACHE_MS", 500, lo=0, hi=60_000),
             access_cache_ms=_int(env, "THUMBQ_ACCESS_CACHE_MS", 30_000, lo=0, hi=3_600_000),
+            max_streams=_int(env, "THUMBQ_MAX_STREAMS", 32, lo=0, hi=10_000),
             api_url=(env.get("THUMBQ_API_URL") or "http://127.0.0.1:8000").rstrip("/"),
             schedule=env.get("THUMBQ_SCHEDULE") or "*/5 * * * *",
             supabase_url=supabase_url,

@@ -21,8 +21,9 @@ def poll_after_ms(row: dict[str, Any]) -> int:
 
 
 def progress_body(row: dict[str, Any]) -> dict[str, Any]:
-    """The progress of a group (a row of `thumbq.progress`): counts per status, the percentage
-    as a number, the ETA, when it last changed, and when to ask again."""
+    """The progress of a group (a row of `thumbq.progress_v2`): counts per status, the
+    percentage as a number, the ETA, when it last changed, when to ask again, and the sums of
+    its jobs' own progress (what tasks report with `ctx.progress(done, total)`)."""
     pct = row["progress_percentage"]
     return {
         "group_id": row["group_id"],
@@ -39,4 +40,6 @@ def progress_body(row: dict[str, Any]) -> dict[str, Any]:
         "updated_at": row["updated_at"],
         "version": row["version"],
         "poll_after_ms": poll_after_ms(row),
+        "progress_done": int(row.get("progress_done") or 0),
+        "progress_total": int(row.get("progress_total") or 0),
     }

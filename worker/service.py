@@ -37,27 +37,7 @@ def enqueue(
     `cancelled` with `source_missing`, so the group lists it with its reason rather than
     nowhere.
     """
-    for item in items:
-        validate_key(str(item.get("source_key", "")))
-    todo = [dict(i) for i in items]
-    unknown = [i for i in todo if not i.get("etag")]
-    missing: set[str] = set()
-    if unknown:
-
-        def head(item: dict[str, Any]) -> None:
-            try:
-                info = storage.head(item["source_key"])
-            except NotFound:
-                item["etag"] = ""
-                missing.add(item["source_key"])
-                return
-            item["etag"] = info.etag
-            item.setdefault("bytes", info.size)
-            if not item.get("content_type"):
-                item["content_type"] = info.content_type
-
-        with ThreadPoolExecutor(max_workers=min(8, len(unknown))) as ex:
-            list(ex.map(head, unknown))
+    todo, missing = resolve_versions(storage, items)
     queue = Queue(conn, bucket=config.rate_bucket, max_attempts=config.max_attempts)
     rows: list[dict[str, Any]] = []
     for i in range(0, len(todo), ENQUEUE_CHUNK):
@@ -79,6 +59,35 @@ def enqueue(
             for r in rows
         ],
     }
+
+
+def resolve_versions(
+    storage: Storage, items: Sequence[Mapping[str, Any]]
+) -> tuple[list[dict[str, Any]], set[str]]:
+    """The items with the etag, size and type storage reports for those given without an etag
+    (asked in parallel), and the keys storage does not have (their etag is left empty)."""
+    for item in items:
+        validate_key(str(item.get("source_key", "")))
+    todo = [dict(i) for i in items]
+    unknown = [i for i in todo if not i.get("etag")]
+    missing: set[str] = set()
+    if unknown:
+
+        def head(item: dict[str, Any]) -> None:
+            try:
+                info = storage.head(item["source_key"])
+            except NotFound:
+                item["etag"] = ""
+                missing.add(item["source_key"])
+                return
+            item["etag"] = info.etag
+            item.setdefault("bytes", info.size)
+            if not item.get("content_type"):
+                item["content_type"] = info.content_type
+
+        with ThreadPoolExecutor(max_workers=min(8, len(unknown))) as ex:
+            list(ex.map(head, unknown))
+    return todo, missing
 
 
 def backfill(

@@ -14,6 +14,10 @@ DEFAULT_THREADS = 8
 # keep-alive connection, and waitress's default of 100 left the 101st poller waiting in the
 # accept queue until it timed out (measured with bench/load.py).
 DEFAULT_CONNECTION_LIMIT = 1000
+# Keep reading a connection while its request runs (one request ahead), so that a client that
+# goes away is noticed at once: a progress stream then ends at its next poll instead of after
+# up to three heartbeats (waitress otherwise learns of it only from failed writes).
+CHANNEL_REQUEST_LOOKAHEAD = 1
 
 
 class ServerThread:
@@ -38,6 +42,7 @@ class ServerThread:
             port=port,
             threads=threads,
             connection_limit=connection_limit,
+            channel_request_lookahead=CHANNEL_REQUEST_LOOKAHEAD,
             ident="thumbq",
             clear_untrusted_proxy_headers=True,
         )

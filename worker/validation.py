@@ -8,7 +8,15 @@ Limits (also in the OpenAPI description):
 - `etag`: at most 200 characters; `content_type`: `type/subtype[; params]`, at most 255;
 - `budget_ms`: 1 000 up to the configured THUMBQ_BUDGET_MS (the platform's timeout is sized on
   it, so a caller may shorten an invocation but never lengthen it);
-- `max_items`: 1 up to THUMBQ_BATCH_SIZE.
+- `max_items`: 1 up to THUMBQ_BATCH_SIZE;
+- jobs (`POST /api/jobs`, `thumbq jobs enqueue`): `task` 1 to 200 characters like a group id;
+  `payload` any JSON without NUL characters, lone surrogates or non-finite numbers (what
+  Postgres's jsonb cannot store), nested at most 100 deep; `priority` 0-9; `ordering_key` and
+  `idempotency_key` 1 to 200 characters without control characters; `sequence` 0 to 10^18 - 1,
+  only with an `ordering_key`; `max_attempts` 1-100; `wait_ms` 100 up to THUMBQ_BUDGET_MS -
+  THUMBQ_BUFFER_MS, for one job only. A `thumbnail` job's payload is `{"source_key", "etag"?,
+  "content_type"?}`, checked as an enqueue item; it is idempotent by key and etag, so it takes
+  neither keys nor a sequence of its own.
 
 The HTTP layer answers a `ValidationError` with 400 and its code; the CLI prints its message on
 one line and exits 1. `where` names the field as the caller wrote it (`items[0].etag` for the
@@ -18,7 +26,7 @@ API, `--budget-ms` for the CLI).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from worker.errors import InvalidKey, validate_key
@@ -174,3 +182,171 @@ def batch_options(
     if max_items is not None:
         max_items = int_in_range(max_items, where[1], 1, config.batch_size)
     return budget_ms, max_items
+
+
+# -- jobs of any task ---------------------------------------------------------------------------
+
+THUMBNAIL_TASK = "thumbnail"
+TASK_NAME_RE = GROUP_ID_RE
+MAX_KEY_LENGTH = 200
+MAX_SEQUENCE = 10**18 - 1
+MAX_PAYLOAD_DEPTH = 100
+MIN_WAIT_MS = 100
+JOB_FIELDS = (
+    "task",
+    "payload",
+    "group_id",
+    "priority",
+    "ordering_key",
+    "sequence",
+    "idempotency_key",
+    "max_attempts",
+)
+
+
+def task_name(value: Any, where: str = "task") -> str:
+    """A task's name: 1 to 200 letters, digits and _ . : @ / + = -."""
+    typed(value, str, where)
+    if not TASK_NAME_RE.fullmatch(value):
+        raise ValidationError(
+            f"{where} must be 1 to 200 characters of letters, digits and _ . : @ / + = -"
+        )
+    return str(value)
+
+
+def _text_key(value: Any, where: str) -> str:
+    """An ordering or idempotency key: 1 to 200 characters, no control characters."""
+    text = typed(value, str, where)
+    if (
+        not 1 <= len(text) <= MAX_KEY_LENGTH
+        or any(ord(c) < 0x20 or ord(c) == 0x7F for c in text)
+        or not _encodable(text)
+    ):
+        raise ValidationError(
+            f"{where} must be 1 to {MAX_KEY_LENGTH} characters of valid Unicode without "
+            "control characters"
+        )
+    return str(text)
+
+
+def payload(value: Any, where: str = "payload") -> Any:
+    """A JSON value that Postgres's jsonb can store: no NUL character and no lone surrogate in
+    any string (or object key), no infinite number, at most MAX_PAYLOAD_DEPTH deep. Walked
+    without recursion, so a hostile nesting cannot exhaust the stack."""
+    import math
+
+    todo: list[tuple[Any, int, str]] = [(value, 0, where)]
+    while todo:
+        item, depth, path = todo.pop()
+        if depth > MAX_PAYLOAD_DEPTH:
+            raise ValidationError(f"{where} is nested more than {MAX_PAYLOAD_DEPTH} deep")
+        if isinstance(item, str):
+            if "\x00" in item or not _encodable(item):
+                raise ValidationError(
+                    f"{path} holds a string with a NUL character or a lone surrogate, which "
+                    "JSON in Postgres cannot store"
+                )
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                raise ValidationError(f"{path} holds a number too large to store")
+        elif isinstance(item, dict):
+            for k, v in item.items():
+                todo.append((k, depth + 1, path))
+                todo.append((v, depth + 1, f"{path}.{k}" if len(path) < 200 else path))
+        elif isinstance(item, list):
+            for i, v in enumerate(item):
+                todo.append((v, depth + 1, f"{path}[{i}]" if len(path) < 200 else path))
+        elif item is not None and not isinstance(item, bool | int):
+            raise ValidationError(f"{path} must be JSON")
+    return value
+
+
+def job_item(
+    item: Any, where: str, *, name_of: Callable[[str], str] | None = None
+) -> dict[str, Any]:
+    """One job to enqueue, in the engine's shape: for `thumbnail`, an enqueue item of
+    `Queue.enqueue` (with `task`); for any other task, an item of `Queue.enqueue_jobs`.
+    `where` names the item (`items[3]`, or "" for a job posted alone); `name_of` names a field
+    the way the caller wrote it (the CLI's `--ordering-key`)."""
+    typed(item, dict, where or "body")
+
+    def at(field: str) -> str:
+        if name_of is not None:
+            return name_of(field)
+        return f"{where}.{field}" if where else field
+
+    check_fields(item, required=("task",), optional=JOB_FIELDS[1:], where=where or "body")
+    name = task_name(item["task"], at("task"))
+    clean: dict[str, Any] = {"task": name}
+    if item.get("group_id") is not None:
+        clean["group_id"] = group_id(item["group_id"], at("group_id"))
+    if item.get("priority") is not None:
+        clean["priority"] = int_in_range(item["priority"], at("priority"), 0, 9)
+    if name == THUMBNAIL_TASK:
+        given = sorted(
+            f
+            for f in ("ordering_key", "sequence", "idempotency_key", "max_attempts")
+            if item.get(f) is not None
+        )
+        if given:
+            raise ValidationError(
+                f"{where + ': ' if where else ''}a thumbnail job takes no "
+                f"{', '.join(at(f) for f in given)} (it is idempotent by its source_key and etag, "
+                "and its attempts are THUMBQ_MAX_ATTEMPTS)"
+            )
+        if "payload" not in item:
+            raise ValidationError(f"{at('payload')} is required for a thumbnail job")
+        source = typed(item["payload"], dict, at("payload"))
+        # The payload is an enqueue item of POST /api/thumbnails/enqueue, less its group.
+        check_fields(
+            source,
+            required=("source_key",),
+            optional=("etag", "content_type"),
+            where=at("payload"),
+        )
+        clean.update(enqueue_item(source, at("payload")))
+        return clean
+    if item.get("payload") is not None:
+        clean["payload"] = payload(item["payload"], at("payload"))
+    if item.get("ordering_key") is not None:
+        clean["ordering_key"] = _text_key(item["ordering_key"], at("ordering_key"))
+    if item.get("sequence") is not None:
+        if "ordering_key" not in clean:
+            raise ValidationError(f"{at('sequence')} needs an ordering_key")
+        clean["sequence"] = int_in_range(item["sequence"], at("sequence"), 0, MAX_SEQUENCE)
+    if item.get("idempotency_key") is not None:
+        clean["idempotency_key"] = _text_key(item["idempotency_key"], at("idempotency_key"))
+    if item.get("max_attempts") is not None:
+        clean["max_attempts"] = int_in_range(item["max_attempts"], at("max_attempts"), 1, 100)
+    return clean
+
+
+def wait_ms(config: Config, value: Any, where: str = "wait_ms") -> int:
+    """How long an interactive call may wait for its job: MIN_WAIT_MS up to the work window of
+    an invocation (THUMBQ_BUDGET_MS - THUMBQ_BUFFER_MS), so that the answer, recording
+    included, still comes within the budget the platform's timeout is sized on."""
+    return int_in_range(value, where, MIN_WAIT_MS, max(MIN_WAIT_MS, config.deadline_ms))
+
+
+def job_request(config: Config, body: Mapping[str, Any]) -> tuple[list[dict[str, Any]], int | None]:
+    """The jobs of a `POST /api/jobs` body and its `wait_ms`: one job (its fields, and
+    `wait_ms` optionally), or `{"items": [...]}` (1 to MAX_ITEMS jobs, no wait)."""
+    if "items" in body:
+        check_fields(body, required=("items",))
+        items = typed(body["items"], list, "items")
+        if not items:
+            raise ValidationError("items must not be empty")
+        if len(items) > MAX_ITEMS:
+            raise ValidationError(
+                f"items has {len(items)} entries; at most {MAX_ITEMS} per request"
+            )
+        for i, item in enumerate(items):
+            if isinstance(item, dict) and "wait_ms" in item:
+                raise ValidationError(
+                    f"items[{i}].wait_ms: only a single job (posted without items) can be "
+                    "waited for"
+                )
+        return [job_item(item, f"items[{i}]") for i, item in enumerate(items)], None
+    single = {k: v for k, v in body.items() if k != "wait_ms"}
+    wait = None if body.get("wait_ms") is None else wait_ms(config, body["wait_ms"])
+    return [job_item(single, "")], wait

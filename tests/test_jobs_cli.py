@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tests.clirun import thumbq
-from tests.liveapp import jpeg
+from tests.clirun import thumbq, thumbq_running
+from tests.liveapp import jpeg, wait_until
 from tests.test_cli import _api_error, _home_env, one_line_error
 from worker.config import Config
 from worker.storage import open_storage
@@ -102,6 +102,19 @@ def test_thumbq_run_batch_runs_the_tasks_thumbq_tasks_names(tmp_path: Path, db_u
     shown = _json(thumbq("jobs", "show", str(job["job_id"]), env=plain))
     assert (shown["status"], shown["error_code"]) == ("unsupported", "unsupported_task")
     assert "THUMBQ_TASKS" in shown["last_error"]
+
+
+def test_thumbq_up_runs_the_tasks_thumbq_tasks_names(tmp_path: Path, db_url: str) -> None:
+    # `up`'s schedule calls the batch endpoint of its own API, whose app reads THUMBQ_TASKS.
+    env = _home_env(tmp_path, db_url, THUMBQ_TASKS=TASKS)
+    job = _json(thumbq("jobs", "enqueue", "echo", "--payload", '"up"', env=env))
+    with thumbq_running("up", "--port", "0", env=env, ready="Press Ctrl-C"):
+
+        def done() -> bool:
+            shown = _json(thumbq("jobs", "show", str(job["job_id"]), env=env))
+            return bool(shown["status"] == "completed" and shown["result"]["payload"] == "up")
+
+        wait_until(done, 60, 0.5)
 
 
 def test_jobs_enqueue_validates_like_the_api(tmp_path: Path, db_url: str) -> None:

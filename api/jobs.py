@@ -61,8 +61,9 @@ def _run_now(accepted: dict[str, Any], wait_ms: int) -> Response:
             "ran": False,
             "finished": False,
             "reason": "busy",
-            "message": "this process is already running as many interactive jobs as it has "
-            "render processes: the job stays queued",
+            "message": "this process is already running as many interactive jobs as it runs at "
+            "once (one per render process, one less than its connection pool): the job stays "
+            "queued",
             "retry_after_ms": None,
             "duration_ms": 0,
         }

@@ -564,7 +564,7 @@ _JOB_SCHEMAS: dict[str, Any] = {
                 ],
                 "description": "Why it has not ended: rate_limited (no token; retry_after_ms), "
                 "busy (another invocation holds it, or this process runs as many interactive "
-                "jobs as it has render processes), not_ready (it waits behind its ordering key "
+                "jobs as it runs at once), not_ready (it waits behind its ordering key "
                 "or for its retry), too_long (jobs like it take longer than the wait), timeout "
                 "(stopped at the end of the wait and handed back at once, no attempt used), "
                 "checkpointed (a later batch resumes it), retrying (it failed; backoff), "

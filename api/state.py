@@ -51,9 +51,11 @@ class AppState:
         self.pooled = pooled
         self.batch_lock = threading.Lock()
         # Interactive runs (POST /api/jobs with wait_ms) at once in this process: one per render
-        # process, so that a click waits for its own job, not for a queue of other clicks;
-        # beyond, the job stays queued and the answer says `busy`.
-        self.inline_slots = threading.BoundedSemaphore(max(1, config.concurrency))
+        # process, so that a click waits for its own job, not for a queue of other clicks; and
+        # each holds a pooled connection for its wait, so one connection always stays for
+        # everything else. Beyond, the job stays queued and the answer says `busy`.
+        inline = config.concurrency if not pooled else min(config.concurrency, pool_size - 1)
+        self.inline_slots = threading.BoundedSemaphore(max(1, inline))
         # Open progress streams (api/stream.py): each holds a request thread while it is open,
         # and is refused with 503 beyond this. `thumbq serve` gives streams threads of their own.
         self.stream_slots = threading.BoundedSemaphore(max(1, config.max_streams))

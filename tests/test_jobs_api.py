@@ -559,6 +559,38 @@ def test_more_interactive_runs_than_render_processes_leave_the_rest_queued(
     )
 
 
+def test_interactive_runs_leave_a_pooled_connection_for_everything_else(
+    jconfig: Config, conn: db.Conn
+) -> None:
+    # Each run holds a connection of the pool for its wait: with two, one click runs and the
+    # other is told `busy`, and polls still find a connection meanwhile.
+    Queue(conn).enqueue_jobs([{"task": "echo"}], "polled")
+    answers: list[tuple[int, dict[str, Any]]] = []
+    with live_app(jconfig, pool_size=2) as server:
+
+        def click(i: int) -> None:
+            status, body, _ = call(
+                "POST",
+                f"{server.url}/api/jobs",
+                SECRET,
+                {"task": "spin", "payload": {"ms": 1500 + i}, "wait_ms": 5000},
+            )
+            assert body is not None
+            answers.append((status, body))
+
+        clicks = [threading.Thread(target=click, args=(i,)) for i in range(2)]
+        for t in clicks:
+            t.start()
+        time.sleep(0.5)
+        started = time.monotonic()
+        status, _, _ = call("GET", f"{server.url}/api/thumbnails/progress?group_id=polled", SECRET)
+        assert status == 200 and time.monotonic() - started < 1.0
+        for t in clicks:
+            t.join(30)
+    assert sorted(s for s, _ in answers) == [200, 202], answers
+    assert next(b for s, b in answers if s == 202)["wait"]["reason"] == "busy"
+
+
 @pytest.mark.parametrize("task", ["until_cancelled", "until_cancelled_thread"])
 def test_cancelling_a_running_job_through_http_stops_its_handler(
     jconfig: Config, conn: db.Conn, tmp_path: Path, task: str

@@ -22,6 +22,7 @@ import argparse
 import http.client
 import io
 import json
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -147,6 +148,7 @@ def main() -> None:
         thumbq_server.close()
         base_server.close()
         app.extensions["thumbq"].close()
+        shutil.rmtree(folder, ignore_errors=True)  # about 80 MB of photos
 
     result = {
         "rounds": args.rounds,

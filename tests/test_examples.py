@@ -330,6 +330,28 @@ def test_segments_run_in_order_each_once_and_resume_after_a_sigkill(
     assert killed["attempts"] == 2  # the lost lease counts; checkpoints gave theirs back
 
 
+def test_an_invocation_goes_on_down_each_ordering_key_while_it_has_time(
+    in_env: Config, conn: db.Conn
+) -> None:
+    # Regression: an invocation claimed each file's first segment, found none of the others
+    # (a key's next job gets its message when the one before completes) and ended `drained`:
+    # one segment per file per scheduler tick, every 5 minutes.
+    items = []
+    for i in range(2):
+        source = f"signals/s{i}.f64"
+        segments.make_file(source, 4, 20_000, seed=i)
+        items += segments.jobs_for(source, 4, 20_000)
+    Queue(conn).enqueue_jobs(items, "signals")
+    config = in_env.with_(tasks=("examples.segments",), budget_ms=10_000)
+    result = run_batch(config, conn, open_storage(config))
+    assert (result.succeeded, result.remaining, result.stopped_reason) == (8, 0, "drained")
+    done = conn.execute(
+        "select ordering_key, sequence from thumbq.jobs order by completed_at, id"
+    ).fetchall()
+    for key in {r["ordering_key"] for r in done}:
+        assert [r["sequence"] for r in done if r["ordering_key"] == key] == [1, 2, 3, 4]
+
+
 # -- export ----------------------------------------------------------------------------------
 
 MILLION = 1_000_000

@@ -165,7 +165,7 @@ def run_batch(
 
         def work() -> None:
             while (job := scheduler.next_job()) is not None:
-                executor.run(job)
+                scheduler.ended(job, executor.run(job))
 
         threads = [
             threading.Thread(target=work, name=f"thumbq-worker-{i}", daemon=True)

@@ -2,7 +2,9 @@
 
 Jobs are claimed as many as are predicted to fit in the remaining time across the workers
 (about half of it per claim, so that concurrent invocations share a backlog), and an item starts
-only if its predicted duration fits before the deadline.
+only if its predicted duration fits before the deadline. A claim that comes back short ends the
+claiming, except while jobs of ordering keys run: each that completes lets its key's next job
+be claimed, so an invocation goes on down its keys for as long as it has time.
 """
 
 from __future__ import annotations
@@ -53,7 +55,13 @@ class Scheduler:
         self.max_items = max_items
         self.vt_seconds = vt_seconds
         self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)
         self.waiting: deque[ClaimedJob] = deque()
+        # Jobs of ordering keys: each one that completes gives the next job of its key a
+        # message, which a claim made before could not see. They are claimed in this run too.
+        self.ordered_running = 0
+        self.heads_released = 0
+        self._released_at_claim = 0
         self.claimed = 0
         self.exhausted: str | None = None  # drained | rate_limited | max_items | timeout | error
         self.claim_error: Exception | None = None
@@ -77,6 +85,7 @@ class Scheduler:
         want = min(want, self.max_items - self.claimed, CLAIM_CHUNK_MAX)
         if want <= 0:
             return
+        self._released_at_claim = self.heads_released
         claim = self.queue.claim(self.worker_id, want, self.vt_seconds, bound=bound(self.budget))
         self.claimed += len(claim.jobs)
         self.waiting.extend(claim.jobs)
@@ -93,6 +102,16 @@ class Scheduler:
         elif self.claimed >= self.max_items:
             self.exhausted = "max_items"
 
+    def ended(self, job: ClaimedJob, outcome: str) -> None:
+        """A job `next_job` handed out has ended with `outcome` (`Executor.run`'s word)."""
+        if job.ordering_key is None:
+            return
+        with self.changed:
+            self.ordered_running -= 1
+            if outcome == "succeeded":
+                self.heads_released += 1
+            self.changed.notify_all()
+
     def next_job(self) -> ClaimedJob | None:
         """The next job to start, or None when the calling worker should stop."""
         with self.lock:
@@ -107,12 +126,24 @@ class Scheduler:
                 for job in self.waiting:
                     if early or self.budget.fits(self._predict(job)):
                         self.waiting.remove(job)
+                        if job.ordering_key is not None:
+                            self.ordered_running += 1
                         return job
                 if self.waiting:
                     # Nothing claimed fits any more; later claims would not either.
                     self.time_stopped = True
                     return None
-                if self.exhausted:
+                if self.exhausted == "drained" and self.heads_released > self._released_at_claim:
+                    # Jobs of ordering keys completed since the last claim: once their
+                    # completions are written, the next job of each key can be claimed.
+                    self.recorder.flush()
+                    self.exhausted = None
+                elif self.exhausted == "drained" and self.ordered_running:
+                    # Wait for them rather than end this worker: each may let its key's next
+                    # job go.
+                    self.changed.wait(self.budget.remaining_ms() / 1000)
+                    continue
+                elif self.exhausted:
                     return None
                 try:
                     self._claim_more()

@@ -563,6 +563,39 @@ begin
 end
 $$;
 
+-- The sequence of each item of an enqueue_jobs call that has an ordering key but no sequence:
+-- after the key's last job, and after every earlier item of the call (given or assigned).
+create or replace function thumbq.assign_sequences(p_items jsonb)
+returns table (ord bigint, sequence bigint)
+language plpgsql
+stable
+as $$
+declare
+  v_last jsonb := '{}';
+  v_key text;
+  v_seq bigint;
+  r record;
+begin
+  for r in select x.ord, x.value->>'ordering_key' as okey, (x.value->>'sequence')::bigint as seq
+             from jsonb_array_elements(p_items) with ordinality as x(value, ord)
+            where coalesce(x.value->>'ordering_key', '') <> ''
+            order by x.ord loop
+    v_key := r.okey;
+    if not v_last ? v_key then
+      v_last := v_last || jsonb_build_object(v_key, coalesce(
+        (select max(j.sequence) from thumbq.jobs j where j.ordering_key = v_key), 0));
+    end if;
+    v_seq := coalesce(r.seq, (v_last->>v_key)::bigint + 1);
+    v_last := v_last || jsonb_build_object(v_key, greatest(v_seq, (v_last->>v_key)::bigint));
+    if r.seq is null then
+      ord := r.ord;
+      sequence := v_seq;
+      return next;
+    end if;
+  end loop;
+end
+$$;
+
 -- Enqueue jobs of any task: p_items is a JSON array of {"task", "payload"?, "group_id"?,
 -- "priority"? (0-9), "ordering_key"?, "sequence"?, "idempotency_key"?, "max_attempts"?}.
 -- An item whose idempotency key (per task), or ordering key and sequence, names an existing
@@ -636,15 +669,8 @@ begin
                         p_max_attempts) as max_attempts
           from jsonb_array_elements(p_items) with ordinality as x(value, ord)
       ), s as (
-        select i.*,
-               coalesce(i.seq,
-                 case when i.okey is not null then
-                   coalesce((select max(j.sequence) from thumbq.jobs j
-                              where j.ordering_key = i.okey), 0)
-                   + count(*) filter (where i.seq is null)
-                       over (partition by i.okey order by i.ord)
-                 end) as sequence
-          from i
+        select i.*, coalesce(i.seq, a.sequence) as sequence
+          from i left join thumbq.assign_sequences(p_items) a on a.ord = i.ord
       ), f as (
         select s.*,
                case when s.idem is not null
@@ -1336,7 +1362,7 @@ end
 $$;
 
 -- Hand claimed but unstarted messages back at once, without counting an attempt, and give
--- their tokens back. Returns how many were released.
+-- their tokens back to the buckets they came from. Returns how many were released.
 create or replace function thumbq.release(p_worker_id text, p_job_ids bigint[],
                                           p_bucket text default 'thumbnail_generation')
 returns integer
@@ -1361,10 +1387,15 @@ begin
         return 0;
       end if;
       perform thumbq.set_message_vt(v_prio, v_msgs, array_fill(0, array[cardinality(v_ids)]));
-      -- The bucket before the group rows.
-      if p_bucket is not null then
-        perform thumbq.refund_tokens(p_bucket, cardinality(v_ids));
-      end if;
+      -- The buckets before the group rows: each job's token goes back where it came from
+      -- (p_bucket for thumbnails, the task's own bucket for the others).
+      perform thumbq.refund_tokens(b.bucket, b.n)
+         from (select case when j.task = 'thumbnail' then p_bucket else t.bucket end as bucket,
+                      count(*)::integer as n
+                 from thumbq.jobs j left join thumbq.tasks t on t.name = j.task
+                where j.id = any(v_ids)
+                group by 1 order by 1) b
+        where b.bucket is not null;
       update thumbq.jobs j
          set status = 'pending', attempts = greatest(j.attempts - 1, 0), worker_id = null,
              lease_expires_at = null, started_at = null, updated_at = clock_timestamp()

@@ -238,3 +238,51 @@ def test_ordering_holds_with_four_concurrent_claimers(db_url: str) -> None:
     assert violations == []
     assert len(finished) == keys
     assert all(seqs == list(range(1, per_key + 1)) for seqs in finished.values()), finished
+
+
+def test_an_item_without_a_sequence_goes_after_the_earlier_items_of_its_call(
+    conn: db.Conn,
+) -> None:
+    # Regression: the second item got sequence 1 too and collapsed into the first.
+    q = Queue(conn)
+    rows = q.enqueue_jobs(
+        [
+            {"task": "seg", "ordering_key": "v", "sequence": 1},
+            {"task": "seg", "ordering_key": "v"},
+            {"task": "seg", "ordering_key": "v", "sequence": 7},
+            {"task": "seg", "ordering_key": "v"},
+        ],
+        "g",
+    )
+    assert [(r["created"], r["sequence"]) for r in rows] == [
+        (True, 1),
+        (True, 2),
+        (True, 7),
+        (True, 8),
+    ]
+    assert len({r["job_id"] for r in rows}) == 4
+
+
+def test_released_jobs_give_their_tokens_back_to_their_own_bucket(conn: db.Conn) -> None:
+    # Regression: release refunded the thumbnail bucket for every job, whatever its task took.
+    from worker import ratelimit
+
+    ratelimit.set_limit(conn, "api_quota", capacity=10, refill_per_second=0)
+    conn.execute(
+        "insert into thumbq.tasks (name, bucket) values ('docgen', 'api_quota')"
+        " on conflict (name) do update set bucket = excluded.bucket"
+    )
+    ratelimit.set_limit(conn, "thumbnail_generation", capacity=10, refill_per_second=0)
+    q = Queue(conn)
+    q.enqueue_jobs([{"task": "docgen"} for _ in range(3)], "g")
+    jobs = q.claim("w", 3, 60).jobs
+    assert len(jobs) == 3
+    tokens = {
+        r["name"]: r["tokens"] for r in conn.execute("select name, tokens from thumbq.rate_limits")
+    }
+    assert (tokens["api_quota"], tokens["thumbnail_generation"]) == (7, 10)
+    assert q.release("w", [j.id for j in jobs]) == 3
+    tokens = {
+        r["name"]: r["tokens"] for r in conn.execute("select name, tokens from thumbq.rate_limits")
+    }
+    assert (tokens["api_quota"], tokens["thumbnail_generation"]) == (10, 10)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import median, scratch_database, write_result
-from tests.corpus import (
+from bench.corpus import (
     jpeg_4000x3000,
     multipage_pdf,
     png_alpha,
@@ -35,7 +35,7 @@ from worker.config import Config
 from worker.queue import Queue
 from worker.render import render
 from worker.render.process import RenderPool
-from worker.samples import _photo
+from worker.samples import photo
 from worker.service import enqueue
 from worker.storage import open_storage
 
@@ -44,7 +44,7 @@ MIX = [
     ("slide2.pdf", slide_pdf, "application/pdf"),
     ("deck.pdf", multipage_pdf, "application/pdf"),
     ("photo-4000x3000.jpg", jpeg_4000x3000, "image/jpeg"),
-    ("photo-2400x1600.jpg", lambda: _photo(2400, 1600, 3), "image/jpeg"),
+    ("photo-2400x1600.jpg", lambda: photo(2400, 1600, 3), "image/jpeg"),
     ("small.jpg", small_jpeg, "image/jpeg"),
     ("logo.png", png_alpha, "image/png"),
     ("slide3.pdf", slide_pdf, "application/pdf"),

@@ -1,6 +1,6 @@
 """Hostile input at scale: 1 000 files, a third from the bad-input corpus, through one worker.
 
-A worker process (`python -m tests.faultkit drive`, calling `run_batch` in a loop) drains the
+A worker process (`python -m bench.harness drive`, calling `run_batch` in a loop) drains the
 files with concurrency 2 while a thread samples the resident memory of it and its render
 processes every 20 ms. Reports every run's duration against budget - buffer, the peak memory,
 and every file whose job did not end with its expected status and error_code.
@@ -28,7 +28,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from bench.common import scratch_database, write_result
-from tests.faultkit import hostile_run
+from bench.harness import hostile_run
 
 # What an invocation may run past budget - buffer (thread joins, last flush, finish_run).
 MARGIN_MS = 600

@@ -74,7 +74,7 @@ def _config(url: str, home: Path) -> Any:
 
 def _slide(seed: int) -> bytes:
     """A slide-like vector PDF of about 50 ms to render (nested drawing, a few KB)."""
-    from tests.faultkit import vector_pdf
+    from bench.corpus import vector_pdf
 
     return vector_pdf(seed, draws=35)
 

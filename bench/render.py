@@ -1,5 +1,5 @@
 """Milliseconds per thumbnail: thumbq's renderer against the baselines a user would otherwise use,
-in the same run, on the same files (from tests/corpus.py, made in memory).
+in the same run, on the same files (from bench/corpus.py, made in memory).
 
 - PDF (page 1 of a 960x540 pt slide with text, vector shapes and a 2400x1600 photo):
   thumbq (rendered straight at the box size) against rendering at 72 dpi and resizing with
@@ -36,7 +36,7 @@ import pymupdf
 from PIL import Image
 
 from bench.common import write_result
-from tests.corpus import a4_pdf, jpeg_4000x3000, jpeg_8000x6000, slide_pdf, slow_pdf, small_jpeg
+from bench.corpus import a4_pdf, jpeg_4000x3000, jpeg_8000x6000, slide_pdf, slow_pdf, small_jpeg
 from worker.errors import RENDER_TIMEOUT, ThumbqError
 from worker.render import RenderOptions, render
 from worker.render.image import encode

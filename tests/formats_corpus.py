@@ -18,7 +18,7 @@ from fractions import Fraction
 
 from PIL import Image, ImageDraw
 
-from tests.corpus import BLUE, RED, build_pdf
+from bench.corpus import BLUE, RED, build_pdf
 
 PPTX = "application/vnd.openxmlformats-officedocument.presentationml.presentation"
 DOCX = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"

@@ -326,7 +326,7 @@ def test_backfill_enqueues_every_file_lacking_a_thumbnail(
 def test_batch_generate_renders_a_pdf_and_reports(
     client: FlaskClient, conn: db.Conn, api_config: Config
 ) -> None:
-    from tests.corpus import a4_pdf
+    from bench.corpus import a4_pdf
     from worker.storage import open_storage
 
     storage = open_storage(api_config)
@@ -1162,7 +1162,7 @@ def pgbouncer_url(db_url: str) -> Iterator[str]:
 def test_batch_and_progress_work_through_pgbouncer_in_transaction_mode(
     pgbouncer_url: str, api_config: Config, conn: db.Conn
 ) -> None:
-    from tests.corpus import small_png
+    from bench.corpus import small_png
     from worker.storage import open_storage
 
     config = api_config.with_(database_url=pgbouncer_url)

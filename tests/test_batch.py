@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.corpus import CORPUS
+from bench.corpus import CORPUS
 from worker import db
 from worker.batch import BatchResult, run_batch, thumbnail_key
 from worker.budget import size_class

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.faultkit import photo_jpeg, tiny_png, vector_pdf
+from bench.corpus import photo_jpeg, tiny_png, vector_pdf
 from tests.faultproxy import FaultProxy, Request
 from tests.liveapp import call, live_app, wait_until
 from worker import db

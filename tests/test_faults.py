@@ -31,24 +31,18 @@ import psycopg
 import pytest
 from PIL import Image
 
-from tests.faultkit import (
+from bench.corpus import photo_jpeg, tiny_png, vector_pdf
+from bench.harness import (
     REPO_ROOT,
     LoggingStorage,
     Worker,
     driver_command,
     driver_env,
     hostile_run,
-    overlapping,
-    photo_jpeg,
-    processes_with,
-    put_counts,
-    read_log,
-    renders,
     run_lines,
     thumbnails_match,
-    tiny_png,
-    vector_pdf,
 )
+from tests.faultkit import overlapping, processes_with, put_counts, read_log, renders
 from tests.liveapp import call, live_app
 from worker import db
 from worker.batch import VT_MARGIN_S, run_batch

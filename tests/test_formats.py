@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 from PIL import Image, ImageDraw, ImageStat
 
-from tests import corpus
+from bench import corpus
+from bench.corpus import BLUE, GREEN, RED
 from tests import formats_corpus as fc
-from tests.corpus import BLUE, GREEN, RED
 from tests.httpstub import HttpStub
 from tests.test_progress_page import browser  # noqa: F401  (a fixture: headless chromium)
 from worker import db, ratelimit
@@ -534,7 +534,7 @@ def test_a_budget_bound_invocation_of_small_files_uses_its_whole_work_window(
 ) -> None:
     # Regression: at the old default THUMBQ_BATCH_SIZE of 500, an invocation of small files
     # stopped on the claim cap (max_items) after about 6 of its 8 s of work.
-    from tests.faultkit import tiny_png
+    from bench.corpus import tiny_png
 
     config = Config.from_env(
         {

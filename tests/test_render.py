@@ -17,8 +17,8 @@ from collections.abc import Iterator
 import pytest
 from PIL import Image
 
-from tests import corpus
-from tests.corpus import BLUE, CORPUS, GREEN, RED
+from bench import corpus
+from bench.corpus import BLUE, CORPUS, GREEN, RED
 from worker.errors import (
     CORRUPT_INPUT,
     INTERNAL,
@@ -405,7 +405,7 @@ sys.platform = "darwin"
 
 _MACOS_SCRIPT = """
 import json, sys, time
-from tests import corpus
+from bench import corpus
 from worker.errors import ThumbqError
 from worker.render import RenderOptions
 from worker.render.process import RenderPool

@@ -497,7 +497,7 @@ def _deflate_bomb_pdf(width: int, height: int) -> bytes:
     stream is all zeros (about 1 000:1): a few hundred KB that inflate to width x height bytes."""
     import zlib
 
-    from tests.corpus import build_pdf
+    from bench.corpus import build_pdf
 
     packer = zlib.compressobj(9)
     block = b"\x00" * (width * 256)
@@ -547,7 +547,7 @@ def _peak_rss_mb(pid: int) -> float:
 def test_bombs_are_refused_or_rendered_small_before_the_renderer_allocates_for_them(
     sec_config: Config,
 ) -> None:
-    from tests.corpus import png_bomb
+    from bench.corpus import png_bomb
     from worker.batch import render_options
     from worker.errors import ThumbqError
     from worker.render.process import RenderPool

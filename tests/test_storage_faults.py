@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from tests.faultkit import photo_jpeg, tiny_png, vector_pdf
+from bench.corpus import photo_jpeg, tiny_png, vector_pdf
 from tests.faultproxy import FaultProxy
 from worker import db
 from worker.batch import run_batch

@@ -6,8 +6,10 @@ import io
 import random
 
 
-def _photo(width: int, height: int, seed: int) -> bytes:
-    """A photo-like JPEG: smooth colour gradients with grain, so it compresses like a photo."""
+def photo(width: int, height: int, seed: int) -> bytes:
+    """A photo-like JPEG: smooth colour gradients with grain, so it compresses like a photo.
+
+    Public: bench/batch.py puts one in its mix."""
     from PIL import Image, ImageDraw, ImageFilter
 
     rnd = random.Random(seed)
@@ -16,15 +18,15 @@ def _photo(width: int, height: int, seed: int) -> bytes:
     r = grad.resize(small)
     g = grad.rotate(90).resize(small)
     b = Image.effect_noise(small, 40).filter(ImageFilter.GaussianBlur(1))
-    photo = Image.merge("RGB", (r, g, b)).resize((width, height), Image.Resampling.BICUBIC)
-    draw = ImageDraw.Draw(photo)
+    img = Image.merge("RGB", (r, g, b)).resize((width, height), Image.Resampling.BICUBIC)
+    draw = ImageDraw.Draw(img)
     for _ in range(12):
         x, y = rnd.randrange(width), rnd.randrange(height)
         rad = rnd.randrange(min(width, height) // 20, min(width, height) // 5)
         colour = (rnd.randrange(256), rnd.randrange(256), rnd.randrange(256))
         draw.ellipse((x - rad, y - rad, x + rad, y + rad), fill=colour)
     out = io.BytesIO()
-    photo.save(out, "JPEG", quality=85)
+    img.save(out, "JPEG", quality=85)
     return out.getvalue()
 
 
@@ -33,7 +35,7 @@ def _slides(title: str, pages: int, seed: int) -> bytes:
     import pymupdf
 
     doc = pymupdf.open()
-    photo = _photo(1200, 800, seed)
+    picture = photo(1200, 800, seed)
     for n in range(pages):
         page = doc.new_page(width=960, height=540)
         page.draw_rect(page.rect, color=None, fill=(0.95, 0.96, 1.0))
@@ -44,7 +46,7 @@ def _slides(title: str, pages: int, seed: int) -> bytes:
         ):
             page.insert_text((50, 130 + 45 * i), f"- {line}", fontsize=22)
         page.draw_circle((200, 420), 60, color=(0.8, 0.3, 0.1), fill=(1, 0.7, 0.3))
-        page.insert_image(pymupdf.Rect(520, 110, 920, 377), stream=photo)
+        page.insert_image(pymupdf.Rect(520, 110, 920, 377), stream=picture)
     data = doc.tobytes(garbage=3, deflate=True)
     doc.close()
     return bytes(data)
@@ -77,19 +79,19 @@ def _animated_gif() -> bytes:
 
 def demo_files() -> dict[str, tuple[bytes, str]]:
     """{name: (bytes, content type)} for the demo; two are bad on purpose."""
-    photo = _photo(4000, 3000, 1)
+    harbour = photo(4000, 3000, 1)
     return {
         "slides/quarterly-review.pdf": (_slides("Quarterly review", 12, 2), "application/pdf"),
         "slides/architecture.pdf": (_slides("Architecture", 8, 3), "application/pdf"),
         "slides/onboarding.pdf": (_slides("Onboarding", 5, 4), "application/pdf"),
         "reports/annual-report.pdf": (_slides("Annual report", 40, 5), "application/pdf"),
-        "photos/harbour-4000x3000.jpg": (photo, "image/jpeg"),
-        "photos/street-2400x1600.jpg": (_photo(2400, 1600, 6), "image/jpeg"),
-        "photos/portrait-1200x1800.jpg": (_photo(1200, 1800, 7), "image/jpeg"),
+        "photos/harbour-4000x3000.jpg": (harbour, "image/jpeg"),
+        "photos/street-2400x1600.jpg": (photo(2400, 1600, 6), "image/jpeg"),
+        "photos/portrait-1200x1800.jpg": (photo(1200, 1800, 7), "image/jpeg"),
         "graphics/logo-with-alpha.png": (_png_with_alpha(), "image/png"),
         "graphics/spinner.gif": (_animated_gif(), "image/gif"),
         # Bad on purpose: a photo cut in half, and an archive, which has no picture to show.
-        "broken/cut-off-photo.jpg": (photo[: len(photo) // 3], "image/jpeg"),
+        "broken/cut-off-photo.jpg": (harbour[: len(harbour) // 3], "image/jpeg"),
         "broken/notes.zip": (_zip_of_text(), "application/zip"),
     }
 

@@ -2,7 +2,11 @@
 
 Each maker function returns bytes and caches them for the life of the process. `CORPUS`
 maps a name to a `Sample`: its declared content type and the terminal job outcome thumbq must reach
-(status, error_code), so the renderer tests and the batch tests share one list.
+(status, error_code), so the renderer tests, the batch tests and bench/hostile.py share one list.
+`tiny_png`, `photo_jpeg` and `vector_pdf` make many distinct cheap files from a seed.
+
+It lives in bench/ because benchmarks make their inputs with it (and bench/ imports nothing from
+tests/); the tests import it from here.
 """
 
 from __future__ import annotations
@@ -541,6 +545,37 @@ def zip_archive() -> bytes:
     with zipfile.ZipFile(buf, "w") as archive:
         archive.writestr("word/document.xml", "<w:document/>")
     return buf.getvalue()
+
+
+# --------------------------------------------------------------------------------------------------
+# Many distinct cheap files, from a seed
+
+
+def tiny_png(seed: int, size: tuple[int, int] = (48, 32)) -> bytes:
+    """A small PNG whose colour depends on `seed` (each file distinct, all cheap)."""
+    img = Image.new("RGB", size, (seed % 256, (seed // 256) % 256, 120))
+    img.putpixel((seed % size[0], 0), (255, 255, 255))
+    out = io.BytesIO()
+    img.save(out, "PNG")
+    return out.getvalue()
+
+
+def photo_jpeg(seed: int, size: tuple[int, int] = (1600, 1200)) -> bytes:
+    """A photo-like JPEG of a few hundred KB (tens of ms to thumbnail)."""
+    img = Image.new("RGB", size, ((seed * 37) % 256, 90, 160))
+    draw = ImageDraw.Draw(img)
+    for i in range(12):
+        x, y = (seed * 53 + i * 131) % size[0], (seed * 29 + i * 97) % size[1]
+        draw.ellipse((x, y, x + 300, y + 200), fill=((i * 40) % 256, (seed * 7) % 256, 60))
+    out = io.BytesIO()
+    img.save(out, "JPEG", quality=85)
+    return out.getvalue()
+
+
+def vector_pdf(seed: int, draws: int = 60) -> bytes:
+    """A few-KB PDF whose page takes about 1.5 ms per draw to render (nested forms, as in the
+    corpus's slow PDF, but bounded); `seed` makes each file's bytes distinct."""
+    return slow_pdf(draws) + f"% file {seed}\n".encode()
 
 
 # --------------------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ def fill_history(url: str, jobs: int, groups: int, runs: int) -> None:
                 " thumbnail_key, created_at, updated_at, started_at, completed_at)"
                 " select 'h' || (i %% %(groups)s), 'history/' || i || '.pdf', 'e', 'completed',"
                 " 1, 'thumbnails/history/' || i || '.webp', t, t, t, t"
-                " from generate_series(%(lo)s, %(hi)s) i,"
+                " from generate_series(%(lo)s::integer, %(hi)s::integer) i,"
                 " lateral (select now() - interval '2 days' - i * interval '1 second') x(t)",
                 {"groups": groups, "lo": start, "hi": min(start + step, jobs) - 1},
             )
@@ -43,7 +43,7 @@ def fill_history(url: str, jobs: int, groups: int, runs: int) -> None:
             "insert into thumbq.batch_runs (worker_id, started_at, finished_at, budget_ms,"
             " buffer_ms, concurrency, claimed, processed, succeeded, stopped_reason, duration_ms)"
             " select 'history', t, t + interval '8 s', 10000, 2000, 2, 50, 50, 50, 'drained',"
-            " 8000 from generate_series(1, %s) i,"
+            " 8000 from generate_series(1, %s::integer) i,"
             " lateral (select now() - interval '2 days' - i * interval '10 seconds') x(t)",
             [runs],
         )

@@ -15,6 +15,9 @@ so an export of any size finishes across 10 s invocations. What the example show
   belongs to this job alone, so a job that finds it there after a crash knows it is done.
 - Consistent bounds: the export covers the rows whose key was at most the table's largest key
   when it started, counted then for the progress bar.
+- Only the tables `EXPORT_TABLES` names (`schema.table` or `schema.*`, comma-separated; by
+  default `public.export_demo`) can be exported: the worker's database role reads much more
+  than anyone should get as a file.
 - Progress: `ctx.progress(rows, total)` after each part; the job row and its group's row (and
   so the progress endpoint, the SSE stream and Realtime) follow it.
 - Cancellation: `POST /api/jobs/<id>/cancel` (or the group's cancel) reaches the running
@@ -70,6 +73,11 @@ PREFIX = "exports"
 PARTIAL_DIR = ".partial"
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+# Which tables may be exported: EXPORT_TABLES, comma-separated `schema.table` or `schema.*`; by
+# default the demo's table alone. The worker's database role reads far more than anyone should
+# get as a file (auth.users, thumbq's own tables), and a job's payload is only a request.
+TABLES_ENV = "EXPORT_TABLES"
+DEFAULT_TABLES = "public.export_demo"
 # Jobs in these states run no more: what they left in storage can go.
 ENDED = ("completed", "failed", "unsupported", "cancelled")
 
@@ -95,11 +103,13 @@ class Spec:
                 'an export payload is {"table": "schema.table", ...}', "bad_payload"
             )
         table = tuple(payload["table"].split("."))
+        if len(table) == 1:
+            table = ("public", *table)
         key = payload.get("key", "id")
         columns = payload.get("columns") or []
         idents = [*table, key, *columns] if isinstance(columns, list) else []
         if (
-            not 1 <= len(table) <= 2
+            len(table) != 2
             or not idents
             or not all(isinstance(i, str) and _IDENT.fullmatch(i) for i in idents)
         ):
@@ -107,16 +117,31 @@ class Spec:
                 "table, key and columns must be plain SQL names (letters, digits, _)",
                 "bad_payload",
             )
+        if not allowed(table):
+            raise PermanentError(
+                f"{'.'.join(table)} is not one of the tables {TABLES_ENV} lets export",
+                "table_not_allowed",
+            )
         name = payload.get("name") or f"{table[-1]}.csv"
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise PermanentError("name must be a plain file name", "bad_payload")
-        part_bytes = int(payload.get("part_bytes") or PART_BYTES)
-        chunk_rows = int(payload.get("chunk_rows") or CHUNK_ROWS)
+        try:
+            part_bytes = int(payload.get("part_bytes") or PART_BYTES)
+            chunk_rows = int(payload.get("chunk_rows") or CHUNK_ROWS)
+        except (TypeError, ValueError):
+            part_bytes = chunk_rows = 0
         if part_bytes < 1024 or not 1 <= chunk_rows <= 1_000_000:
             raise PermanentError(
                 "part_bytes must be 1024 or more, chunk_rows 1-1000000", "bad_payload"
             )
         return cls(table, key, tuple(columns), name, part_bytes, chunk_rows)
+
+
+def allowed(table: tuple[str, ...]) -> bool:
+    """Whether EXPORT_TABLES (default: public.export_demo) lets `(schema, table)` be exported."""
+    names = os.environ.get(TABLES_ENV, DEFAULT_TABLES).split(",")
+    patterns = {n.strip() for n in names if n.strip()}
+    return ".".join(table) in patterns or f"{table[0]}.*" in patterns
 
 
 def output_key(job_id: int, name: str) -> str:
@@ -287,6 +312,8 @@ class S3Sink:
     def resumable(self, state: dict[str, Any]) -> bool:
         from botocore.exceptions import ClientError
 
+        if not state.get("upload_id"):
+            return False
         try:
             self.client.list_parts(Bucket=self.bucket, Key=self.key, UploadId=state["upload_id"])
         except ClientError:

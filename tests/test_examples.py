@@ -25,6 +25,7 @@ from worker.batch import run_batch
 from worker.config import Config
 from worker.queue import Queue
 from worker.storage import open_storage
+from worker.tasks import PermanentError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -382,8 +383,8 @@ def file_sha256(path: Path) -> tuple[str, int]:
 def test_export_of_a_million_rows_over_many_short_invocations_is_complete_with_progress(
     in_env: Config, conn: db.Conn, db_url: str
 ) -> None:
-    export.make_demo_table(conn, MILLION, "public.export_rows")
-    payload = {"table": "public.export_rows", "part_bytes": 4 << 20}
+    export.make_demo_table(conn, MILLION, "public.export_demo")
+    payload = {"table": "public.export_demo", "part_bytes": 4 << 20}
     (job,) = Queue(conn).enqueue_jobs([{"task": export.TASK, "payload": payload}], "exports")
     seen: list[tuple[int, int]] = []
     stop = threading.Event()
@@ -419,7 +420,7 @@ def test_export_of_a_million_rows_over_many_short_invocations_is_complete_with_p
         len(runs) - 1
     )
     result = row["result"]
-    assert result["key"] == f"exports/{job['job_id']}/export_rows.csv"
+    assert result["key"] == f"exports/{job['job_id']}/export_demo.csv"
     assert result["rows"] == MILLION
     path = storage_root(config).joinpath(*result["key"].split("/"))
     digest, lines = file_sha256(path)
@@ -436,8 +437,8 @@ def test_export_of_a_million_rows_over_many_short_invocations_is_complete_with_p
 def test_cancelling_a_running_export_stops_it_in_that_invocation_and_removes_its_output(
     in_env: Config, conn: db.Conn, db_url: str
 ) -> None:
-    export.make_demo_table(conn, MILLION, "public.export_rows")
-    payload = {"table": "public.export_rows", "part_bytes": 1 << 20}
+    export.make_demo_table(conn, MILLION, "public.export_demo")
+    payload = {"table": "public.export_demo", "part_bytes": 1 << 20}
     (job,) = Queue(conn).enqueue_jobs([{"task": export.TASK, "payload": payload}], "exports")
     config = export_config(in_env, budget_ms=10_000, buffer_ms=2000)
     results = []
@@ -468,8 +469,8 @@ def test_an_export_killed_between_checkpoints_resumes_to_the_same_file(
     """SIGKILL in the middle of the export, and a half-written part after its last checkpoint:
     the part is cut off, and the export goes on from the checkpoint to the very file one COPY
     gives."""
-    export.make_demo_table(conn, 300_000, "public.export_rows")
-    payload = {"table": "public.export_rows", "part_bytes": 256 << 10, "chunk_rows": 2000}
+    export.make_demo_table(conn, 300_000, "public.export_demo")
+    payload = {"table": "public.export_demo", "part_bytes": 256 << 10, "chunk_rows": 2000}
     (job,) = Queue(conn).enqueue_jobs([{"task": export.TASK, "payload": payload}], "exports")
     env = env_for(in_env, THUMBQ_TASKS="examples.export", THUMBQ_BUDGET_MS="60000")
     (victim,) = start_loops(1, {**env, "EXAMPLE_LOOP_S": "60"})
@@ -504,22 +505,50 @@ def test_an_export_killed_between_checkpoints_resumes_to_the_same_file(
 def test_an_export_cancelled_while_it_waits_leaves_output_that_the_next_export_sweeps(
     in_env: Config, conn: db.Conn
 ) -> None:
-    export.make_demo_table(conn, 200_000, "public.export_rows")
-    payload = {"table": "public.export_rows", "part_bytes": 256 << 10, "chunk_rows": 2000}
+    export.make_demo_table(conn, 200_000, "public.export_demo")
+    payload = {"table": "public.export_demo", "part_bytes": 256 << 10, "chunk_rows": 2000}
     (first,) = Queue(conn).enqueue_jobs([{"task": export.TASK, "payload": payload}], "a")
     config = export_config(in_env)
     run = run_batch(config, conn, open_storage(config))
     assert run.checkpointed == 1, [
         (j["error_code"], j["last_error"]) for j in jobs(conn, export.TASK)
     ]
-    assert partials(config) == [f"{first['job_id']}-export_rows.csv"]
+    assert partials(config) == [f"{first['job_id']}-export_demo.csv"]
     # Cancelled between two invocations: no handler of it runs again to clean up.
     assert Queue(conn).cancel_jobs([first["job_id"]]) == 1
     Queue(conn).enqueue_jobs([{"task": export.TASK, "payload": payload}], "b")
     (second,) = [j for j in jobs(conn, export.TASK) if j["id"] != first["job_id"]]
     run_batch(config, conn, open_storage(config))
     # The second export's start swept the first one's partial file, and kept its own.
-    assert partials(config) == [f"{second['id']}-export_rows.csv"]
+    assert partials(config) == [f"{second['id']}-export_demo.csv"]
+
+
+def test_an_export_reads_only_the_tables_export_tables_names(
+    in_env: Config, conn: db.Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The worker's role reads thumbq's own tables (and, on Supabase, auth.users): a payload
+    # naming one is refused before anything is read.
+    export.make_demo_table(conn, 10, "public.export_demo")
+    export.make_demo_table(conn, 10, "public.secrets")
+    items = [
+        {"task": export.TASK, "payload": {"table": t}}
+        for t in ("thumbq.jobs", "public.secrets", "export_demo")
+    ]
+    Queue(conn).enqueue_jobs(items, "exports")
+    config = export_config(in_env)
+    run_batch(config, conn, open_storage(config))
+    refused, secret, demo = jobs(conn, export.TASK)
+    for row in (refused, secret):
+        assert (row["status"], row["error_code"], row["attempts"]) == (
+            "failed",
+            "table_not_allowed",
+            1,
+        )
+    assert demo["status"] == "completed" and demo["result"]["rows"] == 10
+    monkeypatch.setenv(export.TABLES_ENV, "public.*")
+    assert export.Spec.parse({"table": "public.secrets"}).table == ("public", "secrets")
+    with pytest.raises(PermanentError):
+        export.Spec.parse({"table": "thumbq.jobs"})
 
 
 def test_an_export_to_s3_is_one_multipart_upload_completed_once_and_a_cancel_aborts_it(
@@ -533,8 +562,8 @@ def test_an_export_to_s3_is_one_multipart_upload_completed_once_and_a_cancel_abo
         if name.startswith(("THUMBQ_", "DATABASE_URL")):
             monkeypatch.setenv(name, value)
     monkeypatch.setenv("THUMBQ_S3_ENDPOINT_URL", endpoint)
-    export.make_demo_table(conn, 250_000, "public.export_rows")
-    payload = {"table": "public.export_rows", "part_bytes": 1 << 20}  # raised to S3's 5 MiB
+    export.make_demo_table(conn, 250_000, "public.export_demo")
+    payload = {"table": "public.export_demo", "part_bytes": 1 << 20}  # raised to S3's 5 MiB
     (job,) = Queue(conn).enqueue_jobs([{"task": export.TASK, "payload": payload}], "exports")
     cfg = export_config(s3)
     for _ in range(20):

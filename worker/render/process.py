@@ -91,7 +91,7 @@ _ZYGOTE_BOOT = (
 )
 _FRAME = struct.Struct("!Q")
 # A task's handler is told of a deadline this much before its process is killed.
-_TASK_GRACE_S = 0.25
+_TASK_GRACE_S = 0.15
 # What a task's error code may look like (it is stored and shown as is).
 _CODE_RE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 # How long close() lets an idle child or the zygote exit on its own before killing it.

@@ -31,6 +31,21 @@ def binary() -> str | None:
     )
 
 
+def unusable(server_url: str) -> str | None:
+    """Why pgbouncer cannot stand before the server of `server_url` here, or None when it can."""
+    if binary() is None:
+        return "the pgbouncer binary is not installed (apt-get install pgbouncer)"
+    host = str(conninfo_to_dict(server_url).get("host") or "")
+    if host.startswith("/") and os.geteuid() == 0:
+        # pgbouncer refuses to run as root, and the postgres user cannot enter root's private
+        # folders, where the embedded fallback server keeps its socket.
+        return (
+            f"pgbouncer (run as {RUN_AS}) cannot reach the embedded server's socket in "
+            f"{host}: set TEST_DATABASE_URL to a server on TCP"
+        )
+    return None
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

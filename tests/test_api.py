@@ -6,12 +6,10 @@ from __future__ import annotations
 import base64
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.error
@@ -24,11 +22,11 @@ import jwt
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from api import create_app
 from api.auth import secret_matches
 from api.openapi import spec
+from tests import pgbouncer
 from tests.s3fixtures import free_port
 from worker import db
 from worker.config import Config
@@ -1115,48 +1113,13 @@ def test_thumbq_serve_keeps_a_polling_client_on_one_connection(
 
 
 @pytest.fixture
-def pgbouncer_url(db_url: str) -> Iterator[str]:
+def pgbouncer_url(db_url: str, pg_server_url: str) -> Iterator[str]:
     """Debian's pgbouncer in transaction mode in front of the test database."""
-    binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
-    if not Path(binary).exists():
-        pytest.skip("pgbouncer is not installed")
-    params = conninfo_to_dict(db_url)
-    port = free_port()
-    folder = Path(tempfile.mkdtemp(prefix="thumbq-pgb-"))
-    dbname = params["dbname"]
-    host = params.get("host", "127.0.0.1")
-    (folder / "users.txt").write_text(f'"{params.get("user", "postgres")}" ""\n')
-    (folder / "pgbouncer.ini").write_text(
-        "[databases]\n"
-        f"{dbname} = host={host} port={params.get('port', 5432)} dbname={dbname}\n"
-        "[pgbouncer]\n"
-        f"listen_addr = 127.0.0.1\nlisten_port = {port}\n"
-        f"unix_socket_dir =\nauth_type = trust\nauth_file = {folder}/users.txt\n"
-        "pool_mode = transaction\ndefault_pool_size = 4\nmax_client_conn = 100\n"
-        f"logfile = {folder}/pgbouncer.log\npidfile = {folder}/pgbouncer.pid\n"
-        "ignore_startup_parameters = extra_float_digits,application_name\n"
-    )
-    shutil.chown(folder, "postgres") if os.geteuid() == 0 else None
-    for f in folder.iterdir():
-        shutil.chown(f, "postgres") if os.geteuid() == 0 else None
-    cmd = [binary, "-d", str(folder / "pgbouncer.ini")]
-    if os.geteuid() == 0:
-        cmd = ["su", "postgres", "-s", "/bin/sh", "-c", " ".join(cmd)]
-    subprocess.run(cmd, check=True, timeout=10)
-    url = make_conninfo(db_url, host="127.0.0.1", port=str(port))
-    deadline = time.monotonic() + 5
-    while True:
-        try:
-            db.connect(url).close()
-            break
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-    yield url
-    pid = int((folder / "pgbouncer.pid").read_text())
-    os.kill(pid, 15)
-    shutil.rmtree(folder, ignore_errors=True)
+    reason = pgbouncer.unusable(pg_server_url)
+    if reason:
+        pytest.skip(reason)
+    with pgbouncer.pgbouncer(pg_server_url) as bouncer:
+        yield pgbouncer.via(bouncer, db_url)
 
 
 def test_batch_and_progress_work_through_pgbouncer_in_transaction_mode(

@@ -104,6 +104,27 @@ def test_thumbq_run_batch_runs_the_tasks_thumbq_tasks_names(tmp_path: Path, db_u
     assert "THUMBQ_TASKS" in shown["last_error"]
 
 
+def test_a_task_module_in_the_directory_thumbq_runs_in_is_found(
+    tmp_path: Path, db_url: str
+) -> None:
+    # A user's tasks live in their project, not in site-packages; the installed script does not
+    # put its working directory on the path, so thumbq looks there (last) itself.
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "my_tasks.py").write_text(
+        "from worker.tasks import task\n\n"
+        "@task('shout')\n"
+        "def shout(ctx, payload):\n"
+        "    return payload.upper()\n"
+    )
+    env = _home_env(tmp_path, db_url, THUMBQ_TASKS="my_tasks")
+    job = _json(thumbq("jobs", "enqueue", "shout", "--payload", '"hi"', env=env, cwd=project))
+    report = _json(thumbq("run-batch", env=env, cwd=project))
+    assert report["succeeded"] == 1, report
+    shown = _json(thumbq("jobs", "show", str(job["job_id"]), env=env, cwd=project))
+    assert (shown["status"], shown["result"]) == ("completed", "HI")
+
+
 def test_thumbq_up_runs_the_tasks_thumbq_tasks_names(tmp_path: Path, db_url: str) -> None:
     # `up`'s schedule calls the batch endpoint of its own API, whose app reads THUMBQ_TASKS.
     env = _home_env(tmp_path, db_url, THUMBQ_TASKS=TASKS)

@@ -8,7 +8,6 @@ statements, session settings and LISTEN do not survive between statements. Debia
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -17,7 +16,6 @@ from pathlib import Path
 import jwt
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict
 
 from tests import pgbouncer
 from tests.liveapp import put_samples
@@ -34,16 +32,9 @@ JWT_SECRET = "pgbouncer-test-jwt-secret-0123456789abcdef"
 
 @pytest.fixture(scope="module")
 def bouncer(pg_server_url: str) -> Iterator[str]:
-    if pgbouncer.binary() is None:
-        pytest.skip("the pgbouncer binary is not installed (apt-get install pgbouncer)")
-    host = str(conninfo_to_dict(pg_server_url).get("host") or "")
-    if host.startswith("/") and os.geteuid() == 0:
-        # pgbouncer refuses to run as root, and the postgres user cannot enter root's private
-        # folders, where the embedded fallback server keeps its socket.
-        pytest.skip(
-            f"pgbouncer (run as {pgbouncer.RUN_AS}) cannot reach the embedded server's socket in "
-            f"{host}: set TEST_DATABASE_URL to a server on TCP"
-        )
+    reason = pgbouncer.unusable(pg_server_url)
+    if reason:
+        pytest.skip(reason)
     with pgbouncer.pgbouncer(pg_server_url) as url:
         yield url
 

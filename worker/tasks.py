@@ -28,6 +28,8 @@ deadline and on a memory limit, like a render), or in a worker thread of the inv
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -136,8 +138,20 @@ def task(
     return register
 
 
+def search_working_dir() -> None:
+    """Put the current directory last on the module path, once (see `load_modules`)."""
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.append(here)
+
+
 def load_modules(modules: Iterable[str]) -> list[str]:
-    """Import the modules of THUMBQ_TASKS (registering their tasks); return the task names."""
+    """Import the modules of THUMBQ_TASKS (registering their tasks); return the task names.
+
+    A module is looked for where Python looks, then in the current directory (last, so that
+    installed packages win), as `flask --app` and gunicorn do: an installed `thumbq` script
+    does not put the directory it runs in on the path, and a user's tasks usually live there."""
+    search_working_dir()
     for module in modules:
         try:
             importlib.import_module(module)

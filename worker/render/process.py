@@ -826,6 +826,9 @@ def _import_tasks(modules: tuple[str, ...]) -> None:
     """Import the task modules in the zygote (once each), so that every child has them."""
     import importlib
 
+    from worker.tasks import search_working_dir
+
+    search_working_dir()
     for module in modules:
         # A module that fails to import fails its tasks' jobs in the child, with its error.
         with contextlib.suppress(Exception):

@@ -1635,7 +1635,7 @@ $$;
 
 -- pgmq's metrics through a plpgsql function, whose body is resolved at call time: a view that
 -- called pgmq.metrics directly would stop `alter extension pgmq update` (1.4.4 -> 1.5) from
--- re-creating it (012's queue_overview reads it the same way).
+-- re-creating it (011's queue_overview reads it the same way).
 create or replace function thumbq.queue_metrics(p_queue text)
 returns table (queue_length bigint, newest_msg_age_sec integer, oldest_msg_age_sec integer)
 language plpgsql

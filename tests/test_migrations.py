@@ -151,7 +151,7 @@ def test_db_init_refuses_an_edited_released_file_and_changes_nothing(
         ("004_views.sql", None, "sql/004_views.sql was removed after it shipped in 0.1.0"),
         (None, "005_more.sql", "sql/005_more.sql is numbered among the released files"),
         (None, "000_early.sql", "number it 010 or later"),
-        (None, "012_other.sql", "share the number 012"),
+        (None, "011_other.sql", "share the number 011"),
     ],
     ids=["removed", "numbered-among-released", "before-released", "same-number"],
 )

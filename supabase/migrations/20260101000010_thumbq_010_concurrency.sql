@@ -1643,7 +1643,7 @@ $$;
 
 -- pgmq's metrics through a plpgsql function, whose body is resolved at call time: a view that
 -- called pgmq.metrics directly would stop `alter extension pgmq update` (1.4.4 -> 1.5) from
--- re-creating it (012's queue_overview reads it the same way).
+-- re-creating it (011's queue_overview reads it the same way).
 create or replace function thumbq.queue_metrics(p_queue text)
 returns table (queue_length bigint, newest_msg_age_sec integer, oldest_msg_age_sec integer)
 language plpgsql
@@ -1775,7 +1775,7 @@ grant execute on function thumbq.progress(text), thumbq.progress_v2(text),
   thumbq.request_user_id() to authenticated;
 
 insert into thumbq.schema_migrations (version, checksum)
-values ('010_concurrency', '23937c5e764c30ba9c052ed215e9b147851e0fd1389c5c4d9464257df0fc136c')
+values ('010_concurrency', '24f2bdf2bd549d15477cd3ea0bab998fc3d2de150dafca9fbf2aaf2a99bbe59b')
 on conflict (version) do update set checksum = excluded.checksum, applied_at = clock_timestamp();
 
 commit;

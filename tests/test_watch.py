@@ -90,7 +90,7 @@ def test_watch_polls_the_api_until_the_group_is_done(
     lines = out.strip().splitlines()
     assert len(lines) >= 2, out  # it followed the group, not just its end
     assert lines[0].startswith("[") and "/6" in lines[0]
-    assert " 100.0%  6/6" in lines[-1] and "ok 5  failed 1" in lines[-1]
+    assert " 100.0%  6/6" in lines[-1] and "completed 5  failed 1" in lines[-1]
     # One line per change: never the same line twice in a row.
     assert all(a != b for a, b in itertools.pairwise(lines))
 

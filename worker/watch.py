@@ -78,7 +78,7 @@ def progress_line(p: dict[str, Any], width: int = 30) -> str:
     eta = p.get("estimated_time_remaining_seconds")
     return (
         f"[{'#' * filled}{'.' * (width - filled)}] {pct:5.1f}%  {done}/{total}"
-        f"  ok {p.get('completed', 0)}  failed {p.get('failed', 0)}"
+        f"  completed {p.get('completed', 0)}  failed {p.get('failed', 0)}"
         f"  unsupported {p.get('unsupported', 0)}  cancelled {p.get('cancelled', 0)}"
         + (f"  eta {eta}s" if eta else "")
     )

@@ -492,11 +492,13 @@ def test_an_export_killed_between_checkpoints_resumes_to_the_same_file(
     conn.execute("update thumbq.jobs set lease_expires_at = now() - interval '1 second'")
     conn.execute("select pgmq.set_vt('thumbq_jobs', msg_id, 0) from thumbq.jobs")
     config = export_config(in_env)
+    runs = []
     for _ in range(20):
-        if run_batch(config, conn, open_storage(config)).succeeded:
+        runs.append(run_batch(config, conn, open_storage(config)))
+        if runs[-1].succeeded:
             break
     row = Queue(conn).job(job["job_id"])
-    assert row["status"] == "completed" and row["result"]["rows"] == 300_000
+    assert row["status"] == "completed" and row["result"]["rows"] == 300_000, (row, runs)
     path = storage_root(config).joinpath(*row["result"]["key"].split("/"))
     assert file_sha256(path)[0] == export.csv_sha256(conn, export.Spec.parse(payload))
     assert partials(config) == []

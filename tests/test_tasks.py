@@ -156,6 +156,50 @@ def test_a_job_killed_between_checkpoints_resumes_from_the_last_one(
     assert steps == list(range(1, 31))
 
 
+def test_a_handler_whose_process_was_slow_to_start_still_stops_before_the_kill(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The handler's deadline is the invocation's, however long its process took to start (a
+    first call starts the zygote and imports the task modules): one that works until
+    `remaining_ms()` says stop gets its checkpoint in, rather than being killed."""
+    from worker.render import RenderOptions
+    from worker.render.process import RenderPool
+
+    (tmp_path / "slow_start_tasks.py").write_text(
+        textwrap.dedent(
+            """
+            import time
+            from worker.tasks import task
+
+            time.sleep(0.8)  # a heavy import: a model, a big library
+
+            @task("until_told")
+            def until_told(ctx, payload):
+                while ctx.remaining_ms() > 30:
+                    time.sleep(0.005)
+                return ctx.checkpoint({"stopped_with_ms": ctx.remaining_ms()})
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    saves: list[object] = []
+    pool = RenderPool(RenderOptions(tasks=("slow_start_tasks",)), 1, 512)  # started on demand
+    try:
+        started = time.monotonic()
+        reply = pool.run_task(
+            "until_told",
+            {"id": 1, "task": "until_told", "payload": None},
+            timeout_s=1.5,
+            on_save=lambda state, done, total: saves.append(state),
+            is_cancelled=lambda: False,
+        )
+        took_s = time.monotonic() - started
+    finally:
+        pool.close()
+    assert reply.checkpoint and saves == [reply.state]
+    assert took_s < 1.5
+
+
 @pytest.mark.parametrize("task", ["until_cancelled", "until_cancelled_thread"])
 def test_cancelling_a_running_job_stops_it_within_one_check_and_its_output_is_removed(
     tconfig: Config, conn: db.Conn, db_url: str, tmp_path: Path, task: str

@@ -256,19 +256,23 @@ class RenderPool:
         # The handler sees a deadline a little before the kill, so that a checkpoint made at
         # its last moment still reaches the worker.
         grace_s = min(_TASK_GRACE_S, timeout_s / 4)
-        request = json.dumps(
-            {"task": task, "job": job, "deadline_in_s": timeout_s - grace_s}
-        ).encode()
+
+        def request() -> bytes:
+            # The child counts its deadline from when the request arrives: measured at the
+            # send, so that the time a process took to start is not given to the handler.
+            left_s = deadline - time.monotonic() - grace_s
+            return json.dumps({"task": task, "job": job, "deadline_in_s": left_s}).encode()
+
         try:
             if child is None or child.dead:
                 child = self._start_child()
             try:
                 child.sock.settimeout(max(deadline - time.monotonic(), 0.001))
-                _send_frame(child.sock, request)
+                _send_frame(child.sock, request())
             except (BrokenPipeError, ConnectionResetError):
                 self._kill(child)
                 child = self._start_child()
-                _send_frame(child.sock, request)
+                _send_frame(child.sock, request())
             while True:
                 header = json.loads(_recv_frame(child.sock, deadline, _MAX_HEADER))
                 if header.get("kind") == "save":

@@ -33,10 +33,12 @@ def export_unit(i: int, rows: int, digest: str) -> str:
 
 @task("bench_cpu_export")
 def cpu_export(ctx: TaskContext, payload: Any) -> Any:
-    """`units` units of CSV formatting; checkpoints every `checkpoint_every_ms` and stops, to
-    be resumed, just before its deadline. The state carries the work time and CPU time spent in
-    the units it checkpointed, so that a benchmark can tell each invocation's share."""
-    units, rows = int(payload["units"]), int(payload["rows_per_unit"])
+    """CSV formatting, a unit at a time, until `work_ms` of work (the units' own time, summed
+    over every invocation) is done: a job that needs that much work, whatever a unit costs
+    today. Checkpoints every `checkpoint_every_ms` and stops, to be resumed, just before its
+    deadline. The state carries the work time and CPU time spent in the units it
+    checkpointed, so that a benchmark can tell each invocation's share."""
+    target_ms, rows = float(payload["work_ms"]), int(payload["rows_per_unit"])
     every_s = float(payload.get("checkpoint_every_ms", 250)) / 1000
     state = ctx.state or {"done": 0, "digest": "", "work_ms": 0.0, "cpu_ms": 0.0}
     slowest_ms = float(payload.get("unit_ms", 10.0))
@@ -53,7 +55,7 @@ def cpu_export(ctx: TaskContext, payload: Any) -> Any:
             "cpu_ms": state["cpu_ms"] + (time.process_time() - cpu_at) * 1000,
         }
 
-    while done < units:
+    while state["work_ms"] + work_ms < target_ms:
         if ctx.remaining_ms() < STOP_MS + 1.5 * slowest_ms:
             return ctx.checkpoint(snapshot())
         t = time.perf_counter()
@@ -64,10 +66,9 @@ def cpu_export(ctx: TaskContext, payload: Any) -> Any:
         slowest_ms = max(slowest_ms, ms)
         if time.monotonic() - saved_at >= every_s:
             ctx.checkpoint(snapshot())
-            ctx.progress(done, units)
+            ctx.progress(round(state["work_ms"] + work_ms), round(target_ms))
             saved_at = time.monotonic()
-    final = snapshot()
-    return {**final, "units": units}
+    return {**snapshot(), "units": done}
 
 
 @task("bench_calibrate")

@@ -322,7 +322,9 @@ def test_segments_run_in_order_each_once_and_resume_after_a_sigkill(
         for e in events
         if e["event"] == "start" and (e["source"], e["segment"]) == (cut["source"], cut["segment"])
     ]
-    assert [e["pos"] for e in resumed] == [0, cut["pos"]]
+    # (Later starts, if the rest took more than one window, go on from later checkpoints.)
+    starts = [e["pos"] for e in resumed]
+    assert starts[:2] == [0, cut["pos"]] and starts == sorted(set(starts)), starts
     killed = next(
         r
         for r in rows
@@ -358,7 +360,9 @@ def test_an_invocation_goes_on_down_each_ordering_key_while_it_has_time(
 MILLION = 1_000_000
 
 
-def export_config(config: Config, budget_ms: int = 2000, buffer_ms: int = 500) -> Config:
+def export_config(config: Config, budget_ms: int = 3000, buffer_ms: int = 500) -> Config:
+    # 2.5 s windows: each invocation starts its render process inside its window, as a cold
+    # serverless one does, which on a busy 2-core machine takes most of a second.
     return config.with_(tasks=("examples.export",), budget_ms=budget_ms, buffer_ms=buffer_ms)
 
 
@@ -411,11 +415,11 @@ def test_export_of_a_million_rows_over_many_short_invocations_is_complete_with_p
 
     (row,) = jobs(conn, export.TASK)
     assert row["status"] == "completed" and row["attempts"] == 1
-    # Several invocations (four to six on a 2-core machine), each within its budget, each but
+    # Several invocations (two to four on a 2-core machine), each within its budget, each but
     # the last handing the job back for time: a scheduler chains the next call at once (it
     # waits for its next tick on `drained`).
     assert len(runs) >= 2
-    assert all(r.duration_ms <= 1500 + 300 for r in runs)
+    assert all(r.duration_ms <= config.budget_ms - config.buffer_ms + 300 for r in runs)
     assert [(r.checkpointed, r.stopped_reason) for r in runs[:-1]] == [(1, "time_budget")] * (
         len(runs) - 1
     )

@@ -494,7 +494,9 @@ def test_a_job_predicted_too_long_for_the_wait_is_not_started(
 def test_a_handler_that_checkpoints_within_the_wait_answers_202_checkpointed(
     client: FlaskClient, conn: db.Conn
 ) -> None:
-    r = post(client, {"task": "steps", "payload": {"steps": 40, "step_ms": 50}, "wait_ms": 1200})
+    # The wait includes starting the render process (the app's first task); the handler stops
+    # with 500 ms to spare.
+    r = post(client, {"task": "steps", "payload": {"steps": 40, "step_ms": 50}, "wait_ms": 2000})
     body = r.get_json()
     assert (r.status_code, body["wait"]["reason"]) == (202, "checkpointed"), body
     row = job_row(conn, body["job_id"])

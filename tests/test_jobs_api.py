@@ -529,26 +529,35 @@ def test_jobs_held_elsewhere_or_behind_their_ordering_key_wait_and_an_ended_one_
     assert body["job"]["result"] == done["job"]["result"] and body["job"]["attempts"] == 1
 
 
+def start_clicks(
+    url: str, n: int, answers: list[tuple[int, dict[str, Any]]]
+) -> list[threading.Thread]:
+    """`n` users clicking at once: each a POST /api/jobs of a 1.5 s `spin` task that waits for
+    it (5 s); each answer lands in `answers`."""
+
+    def click(i: int) -> None:
+        status, body, _ = call(
+            "POST",
+            f"{url}/api/jobs",
+            SECRET,
+            {"task": "spin", "payload": {"ms": 1500 + i}, "wait_ms": 5000},
+        )
+        assert body is not None
+        answers.append((status, body))
+
+    clicks = [threading.Thread(target=click, args=(i,)) for i in range(n)]
+    for t in clicks:
+        t.start()
+    return clicks
+
+
 def test_more_interactive_runs_than_render_processes_leave_the_rest_queued(
     jconfig: Config, conn: db.Conn
 ) -> None:
     # Two render processes: a third click at the same moment is told `busy` at once.
     answers: list[tuple[int, dict[str, Any]]] = []
     with live_app(jconfig) as server:
-
-        def click(i: int) -> None:
-            status, body, _ = call(
-                "POST",
-                f"{server.url}/api/jobs",
-                SECRET,
-                {"task": "spin", "payload": {"ms": 1500 + i}, "wait_ms": 5000},
-            )
-            assert body is not None
-            answers.append((status, body))
-
-        clicks = [threading.Thread(target=click, args=(i,)) for i in range(3)]
-        for t in clicks:
-            t.start()
+        clicks = start_clicks(server.url, 3, answers)
         for t in clicks:
             t.join(30)
     statuses = sorted(s for s, _ in answers)
@@ -569,20 +578,7 @@ def test_interactive_runs_leave_a_pooled_connection_for_everything_else(
     Queue(conn).enqueue_jobs([{"task": "echo"}], "polled")
     answers: list[tuple[int, dict[str, Any]]] = []
     with live_app(jconfig, pool_size=2) as server:
-
-        def click(i: int) -> None:
-            status, body, _ = call(
-                "POST",
-                f"{server.url}/api/jobs",
-                SECRET,
-                {"task": "spin", "payload": {"ms": 1500 + i}, "wait_ms": 5000},
-            )
-            assert body is not None
-            answers.append((status, body))
-
-        clicks = [threading.Thread(target=click, args=(i,)) for i in range(2)]
-        for t in clicks:
-            t.start()
+        clicks = start_clicks(server.url, 2, answers)
         time.sleep(0.5)
         started = time.monotonic()
         status, _, _ = call("GET", f"{server.url}/api/thumbnails/progress?group_id=polled", SECRET)

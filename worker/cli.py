@@ -1135,9 +1135,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(
-        name: str, func: Handler, summary: str, details: str, *env: dict[str, str]
+        name: str,
+        func: Handler,
+        summary: str,
+        details: str,
+        *env: dict[str, str],
+        group: Any = sub,
     ) -> argparse.ArgumentParser:
-        sp = sub.add_parser(
+        """A command of `group` (the top level, or `thumbq jobs`), described with its
+        environment."""
+        sp = group.add_parser(
             name,
             help=summary,
             description=f"{summary}. {details}".strip(),
@@ -1382,15 +1389,7 @@ def build_parser() -> argparse.ArgumentParser:
     jobsub = jobs.add_subparsers(dest="jobs_command", required=True, metavar="COMMAND")
 
     def add_job(name: str, func: Handler, summary: str, details: str, *env: dict[str, str]) -> Any:
-        sp = jobsub.add_parser(
-            name,
-            help=summary,
-            description=f"{summary}. {details}".strip(),
-            epilog=_epilog(*env),
-            formatter_class=fmt,
-        )
-        sp.set_defaults(func=func)
-        return sp
+        return add(name, func, summary, details, *env, group=jobsub)
 
     sp = add_job(
         "enqueue",

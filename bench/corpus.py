@@ -663,3 +663,125 @@ CORPUS: dict[str, Sample] = {
         _sample("jpeg_declared_png", small_jpeg, "image/png", note="type comes from the bytes"),
     ]
 }
+
+
+# --------------------------------------------------------------------------------------------------
+# HEIF grids, as phones write them: pillow-heif writes one picture per file, so each tile is
+# encoded on its own and the tiles are put into a `grid` item here (ISO/IEC 23008-12). libheif
+# reading the result back is what the tests check it against.
+
+
+def _box(kind: bytes, *payload: bytes) -> bytes:
+    body = b"".join(payload)
+    return struct.pack(">I4s", 8 + len(body), kind) + body
+
+
+def _full_box(kind: bytes, version: int, flags: int, *payload: bytes) -> bytes:
+    return _box(kind, struct.pack(">I", (version << 24) | flags), *payload)
+
+
+def _heic_parts(picture: Image.Image, quality: int) -> tuple[bytes, bytes, bytes]:
+    """The decoder configuration (hvcC payload), colour box (`colr`, whole) and coded data of one
+    picture, from a one-picture HEIC that pillow-heif wrote (its `mdat` holds only that
+    picture)."""
+    import pillow_heif
+
+    out = io.BytesIO()
+    pillow_heif.from_pillow(picture).save(out, quality=quality)
+    data = out.getvalue()
+
+    def box(kind: bytes) -> tuple[int, int]:
+        at = data.index(kind)
+        (size,) = struct.unpack_from(">I", data, at - 4)
+        return at - 4, at - 4 + size
+
+    start, end = box(b"hvcC")
+    hvcc = data[start + 8 : end]
+    start, end = box(b"colr")
+    colr = data[start:end]
+    start, end = box(b"mdat")
+    return hvcc, colr, data[start + 8 : end]
+
+
+def heic_grid(
+    picture: Image.Image,
+    tile: int = 512,
+    *,
+    quality: int = 60,
+    rotation: int = 0,
+    mirror: int | None = None,
+) -> bytes:
+    """`picture` as a HEIC whose primary item is a grid of `tile` px HEVC tiles, as an iPhone
+    writes a photo; `rotation` (quarter turns anticlockwise, the `irot` box) and `mirror` (the
+    `imir` box: 0 exchanges top and bottom, 1 left and right), applied in that order, as a
+    camera records how to show it."""
+    width, height = picture.size
+    columns, rows = -(-width // tile), -(-height // tile)
+    canvas = Image.new("RGB", (columns * tile, rows * tile))
+    canvas.paste(picture.convert("RGB"))
+    coded = []
+    hvcc = colr = b""
+    for row in range(rows):
+        for column in range(columns):
+            box = (column * tile, row * tile, (column + 1) * tile, (row + 1) * tile)
+            hvcc, colr, data = _heic_parts(canvas.crop(box), quality)
+            coded.append(data)
+    grid_id, first_tile = 1, 2
+    tile_ids = list(range(first_tile, first_tile + len(coded)))
+    infe = [_full_box(b"infe", 2, 0, struct.pack(">HH4s", grid_id, 0, b"grid"), b"\0")]
+    infe += [_full_box(b"infe", 2, 1, struct.pack(">HH4s", i, 0, b"hvc1"), b"\0") for i in tile_ids]
+    properties = [
+        _box(b"hvcC", hvcc),
+        _full_box(b"ispe", 0, 0, struct.pack(">II", tile, tile)),
+        _full_box(b"ispe", 0, 0, struct.pack(">II", width, height)),
+        colr,
+    ]
+    grid_props = [(3, False), (4, False)]
+    if rotation:
+        properties.append(_box(b"irot", bytes([rotation & 3])))
+        grid_props.append((len(properties), True))
+    if mirror is not None:
+        properties.append(_box(b"imir", bytes([mirror & 1])))
+        grid_props.append((len(properties), True))
+    associations = [
+        struct.pack(">HB", grid_id, len(grid_props))
+        + bytes(index | (0x80 if essential else 0) for index, essential in grid_props)
+    ]
+    associations += [struct.pack(">HBBBB", i, 3, 1 | 0x80, 2, 4) for i in tile_ids]
+    grid = struct.pack(">BBBBHH", 0, 0, rows - 1, columns - 1, width, height)
+
+    def meta(mdat_start: int) -> bytes:
+        locations = [struct.pack(">HHHHII", grid_id, 1, 0, 1, 0, len(grid))]
+        offset = mdat_start
+        for i, data in zip(tile_ids, coded, strict=True):
+            locations.append(struct.pack(">HHHHII", i, 0, 0, 1, offset, len(data)))
+            offset += len(data)
+        return _full_box(
+            b"meta",
+            0,
+            0,
+            _full_box(b"hdlr", 0, 0, struct.pack(">I4s12x", 0, b"pict"), b"\0"),
+            _full_box(b"pitm", 0, 0, struct.pack(">H", grid_id)),
+            _full_box(b"iinf", 0, 0, struct.pack(">H", len(infe)), *infe),
+            _full_box(
+                b"iref",
+                0,
+                0,
+                _box(
+                    b"dimg",
+                    struct.pack(">HH", grid_id, len(tile_ids)),
+                    *(struct.pack(">H", i) for i in tile_ids),
+                ),
+            ),
+            _box(
+                b"iprp",
+                _box(b"ipco", *properties),
+                _full_box(b"ipma", 0, 0, struct.pack(">I", len(associations)), *associations),
+            ),
+            _full_box(b"iloc", 1, 0, struct.pack(">BBH", 0x44, 0x00, len(locations)), *locations),
+            _box(b"idat", grid),
+        )
+
+    ftyp = _box(b"ftyp", b"heic", struct.pack(">I", 0), b"mif1", b"heic")
+    head = len(ftyp) + len(meta(0)) + 8
+    return ftyp + meta(head) + _box(b"mdat", *coded)

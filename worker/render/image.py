@@ -155,12 +155,7 @@ def _open(
     width, height = img.size
     if width <= 0 or height <= 0:
         raise ThumbqError(CORRUPT_INPUT, f"{source_type} declares an empty size {width}x{height}")
-    if width * height > opts.max_pixels:
-        raise ThumbqError(
-            TOO_LARGE,
-            f"image is {width}x{height} = {width * height:,} pixels, "
-            f"over the limit of {opts.max_pixels:,}",
-        )
+    _check_pixels(width, height, opts)
     draft_box = None
     target = fit_inside((width, height), opts.size)
     if img.format == "JPEG" and target is not None:
@@ -192,12 +187,7 @@ def open_heic(
     except heif.NotForUs:
         return None
     width, height = heif.upright_size(pic)
-    if width * height > opts.max_pixels:
-        raise ThumbqError(
-            TOO_LARGE,
-            f"image is {width}x{height} = {width * height:,} pixels, "
-            f"over the limit of {opts.max_pixels:,}",
-        )
+    _check_pixels(width, height, opts)
     try:
         img, factor = heif.decode(pic, fit_inside((width, height), opts.size), HEIC_THREADS)
     except heif.NotForUs:
@@ -207,6 +197,16 @@ def open_heic(
         # The last row and column of shrunk pixels may be partly beyond the picture's edge.
         draft_box = (0.0, 0.0, width / factor, height / factor)
     return img, (width, height), draft_box
+
+
+def _check_pixels(width: int, height: int, opts: RenderOptions) -> None:
+    """Refuse a picture whose header declares more pixels than the limit, before decoding."""
+    if width * height > opts.max_pixels:
+        raise ThumbqError(
+            TOO_LARGE,
+            f"image is {width}x{height} = {width * height:,} pixels, "
+            f"over the limit of {opts.max_pixels:,}",
+        )
 
 
 def _register_heif() -> None:

@@ -17,6 +17,7 @@ codec, anything malformed) returns None and libheif decodes the file as before.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,7 +60,8 @@ class Picture:
     full_range: bool | None
 
 
-def _boxes(buf: memoryview, start: int, end: int) -> Any:
+def _boxes(buf: memoryview, start: int, end: int) -> Iterator[tuple[bytes, int, int]]:
+    """The boxes between `start` and `end`: (type, first byte of the payload, end)."""
     pos = start
     while pos + 8 <= end:
         size, kind = struct.unpack_from(">I4s", buf, pos)

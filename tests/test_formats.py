@@ -18,6 +18,7 @@ import shutil
 import struct
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -275,6 +276,28 @@ def test_a_coded_picture_larger_than_its_header_is_not_decoded_by_ffmpeg() -> No
     pic = heif.parse(bytes(data))
     with pytest.raises(heif.NotForUs):
         heif.decode(pic, None, 1)
+
+
+def test_several_sizes_are_the_same_pictures_as_one_size_at_a_time() -> None:
+    # The largest size is encoded on a second thread while the smaller ones are made: each
+    # rendition must still be the picture its size gives on its own, byte for byte.
+    for data in (fc.xps_document(), corpus.jpeg_4000x3000(), fc.heic_photo()):
+        thumb = render(data, None, RenderOptions(sizes=SIZES))
+        alone = render(data, None, RenderOptions(size=SIZES[-1]))
+        assert thumb.data == alone.data and (thumb.width, thumb.height) == (
+            alone.width,
+            alone.height,
+        )
+        assert [r.size for r in thumb.renditions] == list(SIZES)
+        for smaller, larger in zip(thumb.renditions, thumb.renditions[1:], strict=False):
+            assert max(smaller.width, smaller.height) < max(larger.width, larger.height)
+
+
+def test_a_failed_encode_raises_and_leaves_no_thread_behind() -> None:
+    threads = threading.active_count()
+    with pytest.raises(ValueError, match="unknown thumbnail format"):
+        render(corpus.jpeg_4000x3000(), None, RenderOptions(format="gif", sizes=SIZES))
+    assert threading.active_count() == threads
 
 
 def test_avif_is_a_third_output_format() -> None:

@@ -22,7 +22,8 @@ on files made here (nothing downloaded).
   Target: >= 0.6. And how much of its work window (budget - buffer) that invocation uses.
   Target: >= 90%.
 
-Run: python -m bench.formats [--runs 7] [--decks 12] [--items 1500]
+Run: python -m bench.formats [--runs 7] [--decks 12] [--items 1500] [--rounds 3]
+    [--only video,heic,pptx,sizes,pipeline] [--format webp|jpeg|avif (the pipeline's output)]
 (--quick: fewer runs and files, for development; the numbers are then rough)
 """
 
@@ -419,7 +420,9 @@ def mixed_corpus() -> list[tuple[str, str, bytes]]:
     ]
 
 
-def bench_pipeline(work: Path, items: int, rounds: int) -> dict[str, Any]:
+def bench_pipeline(
+    work: Path, items: int, rounds: int, thumb_format: str = "webp"
+) -> dict[str, Any]:
     """Rounds of: the floor for about 2.5 s, one budget-bound invocation, the floor again. Two
     ratios per round: by wall time (thumbnails per busy second, as specified) and by CPU time
     (CPU seconds per file of the floor against CPU seconds per thumbnail of the pipeline: its
@@ -436,6 +439,7 @@ def bench_pipeline(work: Path, items: int, rounds: int) -> dict[str, Any]:
             "THUMBQ_BUDGET_MS": "10000",
             "THUMBQ_BUFFER_MS": "2000",
             "THUMBQ_CONCURRENCY": "2",
+            "THUMBQ_THUMB_FORMAT": thumb_format,
         }
     )
     storage = open_storage(config)
@@ -507,6 +511,7 @@ def bench_pipeline(work: Path, items: int, rounds: int) -> dict[str, Any]:
     measured = runs[1:]
     return {
         "corpus": [name for name, _, _ in corpus],
+        "thumbnail_format": thumb_format,
         "floor_decode_only_per_s": statistics.median(r["floor_per_s"] for r in measured),
         "pipeline_per_busy_s": statistics.median(r["per_busy_s"] for r in measured),
         "ratio": statistics.median(r["ratio"] for r in measured),
@@ -525,6 +530,12 @@ def main() -> None:
     ap.add_argument("--items", type=int, default=1500)
     ap.add_argument("--rounds", type=int, default=3, help="pipeline rounds after a warm-up")
     ap.add_argument("--quick", action="store_true", help="few runs and files (development)")
+    ap.add_argument(
+        "--format",
+        default="webp",
+        choices=("webp", "jpeg", "avif"),
+        help="the pipeline's thumbnail format (THUMBQ_THUMB_FORMAT; webp is the default)",
+    )
     ap.add_argument(
         "--only", default="video,heic,pptx,sizes,pipeline", help="comma-separated sections"
     )
@@ -545,12 +556,15 @@ def main() -> None:
         if "sizes" in only:
             result["sizes"] = bench_sizes(args.runs)
         if "pipeline" in only:
-            result["pipeline"] = bench_pipeline(work, args.items, args.rounds)
+            result["pipeline"] = bench_pipeline(work, args.items, args.rounds, args.format)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     result["quick"] = args.quick
-    write_result("formats" if not args.quick else "formats_quick", result)
+    name = "formats" + ("_quick" if args.quick else "")
+    if args.format != "webp":
+        name += f"_{args.format}"
+    write_result(name, result)
 
 
 if __name__ == "__main__":

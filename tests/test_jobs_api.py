@@ -648,11 +648,13 @@ def test_progress_carries_the_jobs_own_progress(client: FlaskClient, conn: db.Co
         {
             "task": "steps",
             "group_id": "export",
-            "payload": {"steps": 40, "step_ms": 50},
-            "wait_ms": 1200,
+            # 5 s of work in a 3 s wait: the handler stops with 500 ms left, after the render
+            # process's start (0.3 s on a quiet machine, 0.7 s and more on a busy one).
+            "payload": {"steps": 100, "step_ms": 50},
+            "wait_ms": 3000,
         },
     )
     p = client.get("/api/thumbnails/progress?group_id=export", headers=ADMIN).get_json()
     check_schema(p, "Progress")
-    assert p["progress_total"] == 40 and 5 <= p["progress_done"] < 40
+    assert p["progress_total"] == 100 and 5 <= p["progress_done"] < 100
     assert json.loads(json.dumps(p))["pending"] == 1

@@ -377,6 +377,21 @@ def test_the_dominant_colour_is_the_largest_area_not_the_average() -> None:
     assert dominant_color(logo) == "#{:02x}{:02x}{:02x}".format(*GREEN)
 
 
+def test_the_dominant_colour_of_fine_detail_is_a_colour_of_the_picture_not_a_blend() -> None:
+    # Stripes a pixel or two wide (text, a pattern, a fabric): black covers 40% of the picture,
+    # red, green and blue 20% each. An average of neighbouring pixels is a purple-grey that is
+    # nowhere in the picture; the largest area is black.
+    stripes = Image.new("RGB", (512, 384), (0, 0, 0))  # the largest size: not resampled
+    draw = ImageDraw.Draw(stripes)
+    for x in range(0, 512, 5):
+        for i, colour in enumerate((RED, GREEN, BLUE)):
+            draw.line((x + 2 + i, 0, x + 2 + i, 383), fill=colour)
+    out = io.BytesIO()
+    stripes.save(out, "PNG")
+    for opts in (RenderOptions(), RenderOptions(sizes=SIZES)):
+        assert render(out.getvalue(), None, opts).dominant_color == "#000000"
+
+
 def test_the_progress_pages_thumbhash_decoder_gives_back_the_pictures_shape_and_colours(
     browser: Any,  # noqa: F811
 ) -> None:

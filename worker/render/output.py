@@ -35,6 +35,9 @@ CONTENT_TYPES = {"webp": "image/webp", "jpeg": "image/jpeg", "avif": "image/avif
 # in one nibble of 25 bytes, and both placeholders together cost 1.1 ms instead of 2 ms (100 px,
 # the format's limit, would cost ten times more for nothing a blurred placeholder shows).
 _HASH_BOX = 16
+# The dominant colour is counted over this many pixels a side of the largest picture, sampled
+# (nearest neighbour): 24 x 18 of a 512 x 384 photo is about every 21st pixel; 0.2-0.4 ms.
+_COLOUR_BOX = 24
 
 
 def fit_inside(size: tuple[int, int], box: int) -> tuple[int, int] | None:
@@ -80,8 +83,14 @@ def finish(
         encoded = [encode(p, opts, icc_profile=icc_profile) for p in pictures[1:]]
         small = current.copy()
         small.thumbnail((_HASH_BOX, _HASH_BOX), Image.Resampling.BOX)
-        rgba = small.convert("RGBA")
-        hashed, colour = thumbhash(rgba), dominant_color(rgba)
+        hashed = thumbhash(small.convert("RGBA"))
+        # The dominant colour counts pixels of the largest picture, sampled, not averaged: an
+        # average of fine detail (text, stripes, a pattern) is a colour nowhere in the picture.
+        sample = pictures[0].resize(
+            fit_inside(pictures[0].size, _COLOUR_BOX) or pictures[0].size,
+            Image.Resampling.NEAREST,
+        )
+        colour = dominant_color(sample.convert("RGBA"))
     except BaseException:
         if largest is not None:
             largest.wait()  # no encode outlives the render that failed

@@ -914,7 +914,11 @@ def cmd_up(rt: Runtime, args: argparse.Namespace) -> int:
         print("  admin secret:  from THUMBQ_CRON_SECRET", file=out)
     else:
         print(f"  admin secret:  kept in {secret_from} (mode 0600)", file=out)
-    print(f"  schedule:      {config.schedule} (UTC), and a first batch at start", file=out)
+    print(
+        f"  schedule:      {config.schedule} (UTC), and a first batch now unless a scheduled"
+        " one is due within a batch's budget",
+        file=out,
+    )
     print("Press Ctrl-C to stop.", file=out, flush=True)
     sched.start(run_now=True)
     try:

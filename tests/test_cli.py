@@ -193,6 +193,13 @@ def test_enqueue_now_runs_batches_until_the_group_is_done(tmp_path: Path, db_url
     status = json.loads(thumbq("status", "--group", "g3", env=env).stdout)
     assert (status["completed"], status["failed"], status["pending"]) == (3, 1, 0)
     assert "wait for a batch" not in proc.stderr
+    # Why the one failed, without a job id or the API: its key, status, code and message.
+    failures = thumbq("status", "--group", "g3", "--failures", env=env)
+    assert failures.returncode == 0, failures.stderr
+    (line,) = [row for row in failures.stdout.splitlines() if row.startswith("now/")]
+    assert "failed" in line and "corrupt_input" in line and "damaged" in line, line
+    alone = thumbq("status", "--failures", env=env)
+    assert alone.returncode != 0 and "--failures needs --group" in alone.stderr
 
 
 # -- 4 and 5. one home per user, shared; the embedded Postgres stops with its last user -----------

@@ -422,8 +422,16 @@ def cmd_status(rt: Runtime, args: argparse.Namespace) -> int:
             row = _queue(rt, conn).progress(group)
             if row is None:
                 raise _unknown_group(group)
+            if args.failures:
+                failures = db.run(
+                    conn, "recent_failures_of_group", {"group_id": group, "limit": 100}
+                )
+                _print_failures(group, failures)
+                return 0
             print_json(progress_body(row))
             return 0
+        if args.failures:
+            raise CliError("--failures needs --group: whose failures to list")
         rows = db.run(conn, "groups", {"limit": 50})
     if not rows:
         print(f"No groups yet in {rt.where}: enqueue files with `thumbq enqueue` or `backfill`.")
@@ -443,6 +451,19 @@ def cmd_status(rt: Runtime, args: argparse.Namespace) -> int:
         ],
     )
     return 0
+
+
+def _print_failures(group: str, rows: list[dict[str, Any]]) -> None:
+    """A group's files without a thumbnail and why, newest first (the API's /failures)."""
+    if not rows:
+        print(f"Group {group}: no failed, unsupported, missing or retrying files.")
+        return
+    print_table(
+        [{**r, "last_error": (r["last_error"] or "")[:120]} for r in rows],
+        ["source_key", "status", "error_code", "attempts", "last_error"],
+    )
+    if len(rows) == 100:
+        print("(the newest 100)")
 
 
 def cmd_queues(rt: Runtime, args: argparse.Namespace) -> int:
@@ -1313,6 +1334,11 @@ def build_parser() -> argparse.ArgumentParser:
         ENV_DATABASE,
     )
     sp.add_argument("--group", default=None, help="one group's progress, in the API's JSON shape")
+    sp.add_argument(
+        "--failures",
+        action="store_true",
+        help="with --group: its files without a thumbnail and why (status, error code, message)",
+    )
     add(
         "queues",
         cmd_queues,

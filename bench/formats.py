@@ -400,6 +400,16 @@ def _decode_only(index: int) -> float:
     return time.process_time() - started
 
 
+def _run_floor(procs: Any, files: int, seconds: float = 2.5) -> tuple[int, float, float]:
+    """The floor on `procs` for about `seconds`: (files decoded, their CPU seconds, seconds)."""
+    done, cpu = 0, 0.0
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        cpu += sum(procs.map(_decode_only, range(files * 4), chunksize=1))
+        done += files * 4
+    return done, cpu, time.perf_counter() - started
+
+
 def _cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of a process on this machine (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -456,18 +466,7 @@ def bench_pipeline(
             # The floor runs for 2.5 s before the invocation and 2.5 s after it, so that a
             # machine whose speed drifts (a shared VM's does, by 10% and more within a minute)
             # moves both sides of the ratio alike.
-            floor = {"done": 0, "cpu": 0.0, "seconds": 0.0}
-
-            def run_floor(seconds: float = 2.5, floor: dict[str, float] = floor) -> None:
-                started = time.perf_counter()
-                while time.perf_counter() - started < seconds:
-                    floor["cpu"] += sum(
-                        procs.map(_decode_only, range(len(corpus) * 4), chunksize=1)
-                    )
-                    floor["done"] += len(corpus) * 4
-                floor["seconds"] += time.perf_counter() - started
-
-            run_floor()
+            before = _run_floor(procs, len(corpus))
             group = f"mix{round_no}"
             batch = []
             for i in range(items):
@@ -489,9 +488,9 @@ def bench_pipeline(
                 + sum(_cpu_seconds(pid) - cpu for pid, cpu in children.items())
             )
             conn.execute("select thumbq.cancel(%s)", [group])
-            run_floor()
-            done, floor_cpu = int(floor["done"]), floor["cpu"]
-            floor_per_s = done / floor["seconds"]
+            after = _run_floor(procs, len(corpus))
+            done, floor_cpu, floor_s = (a + b for a, b in zip(before, after, strict=True))
+            floor_per_s = done / floor_s
             per_s = result.succeeded / (result.duration_ms / 1000)
             runs.append(
                 {

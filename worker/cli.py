@@ -424,7 +424,9 @@ def cmd_status(rt: Runtime, args: argparse.Namespace) -> int:
                 raise _unknown_group(group)
             if args.failures:
                 failures = db.run(
-                    conn, "recent_failures_of_group", {"group_id": group, "limit": 100}
+                    conn,
+                    "recent_failures_of_group",
+                    {"group_id": group, "limit": FAILURES_SHOWN},
                 )
                 _print_failures(group, failures)
                 return 0
@@ -453,6 +455,10 @@ def cmd_status(rt: Runtime, args: argparse.Namespace) -> int:
     return 0
 
 
+# How many of a group's failures `status --failures` lists, newest first.
+FAILURES_SHOWN = 100
+
+
 def _print_failures(group: str, rows: list[dict[str, Any]]) -> None:
     """A group's files without a thumbnail and why, newest first (the API's /failures)."""
     if not rows:
@@ -462,8 +468,8 @@ def _print_failures(group: str, rows: list[dict[str, Any]]) -> None:
         [{**r, "last_error": (r["last_error"] or "")[:120]} for r in rows],
         ["source_key", "status", "error_code", "attempts", "last_error"],
     )
-    if len(rows) == 100:
-        print("(the newest 100)")
+    if len(rows) == FAILURES_SHOWN:
+        print(f"(the newest {FAILURES_SHOWN})")
 
 
 def cmd_queues(rt: Runtime, args: argparse.Namespace) -> int:

@@ -156,7 +156,14 @@ class FileStorage:
                     raise NotFound(key)
                 if max_bytes is not None and st.st_size > max_bytes:
                     raise _too_large(key, st.st_size, max_bytes)
-                data = f.read() if max_bytes is None else f.read(max_bytes + 1)
+                if max_bytes is None:
+                    data = f.read()
+                else:
+                    # read(n) makes a buffer of n bytes first: sized by the file, not by the
+                    # limit (100 MB by default), one byte more shows whether it grew since.
+                    data = f.read(min(st.st_size, max_bytes) + 1)
+                    if len(data) > st.st_size:
+                        data += f.read(max_bytes + 1 - len(data))
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             raise NotFound(key) from None
         except OSError as exc:

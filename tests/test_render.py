@@ -14,6 +14,7 @@ import time
 import warnings
 from collections.abc import Iterator
 
+import pymupdf
 import pytest
 from PIL import Image
 
@@ -243,6 +244,55 @@ def test_an_animation_gives_its_first_frame(make: object) -> None:
     assert callable(make)
     img = decode(render(make(), None, OPTS)).convert("RGB")
     assert close_to(img.getpixel((100, 75)), RED)
+
+
+def webp_codec(data: bytes) -> str:
+    """The codec chunk of a WebP file: "VP8L" (lossless) or "VP8 " (lossy)."""
+    assert data[:4] == b"RIFF" and data[8:12] == b"WEBP"
+    pos = 12
+    while pos + 8 <= len(data):
+        fourcc, size = data[pos : pos + 4], int.from_bytes(data[pos + 4 : pos + 8], "little")
+        if fourcc in (b"VP8L", b"VP8 "):
+            return fourcc.decode()
+        pos += 8 + size + (size & 1)
+    raise AssertionError("no image chunk in the WebP file")
+
+
+def text_page_pdf() -> bytes:
+    doc = pymupdf.open()
+    page = doc.new_page(width=595, height=842)
+    for line in range(40):
+        page.insert_text(
+            (50, 60 + 18 * line), f"Line {line}: the quick brown fox jumps over", fontsize=11
+        )
+    return doc.tobytes()
+
+
+def test_a_text_page_is_stored_exactly_in_fewer_bytes_than_the_lossy_encoding() -> None:
+    # A page of text is a few colours on white: WebP's lossless mode keeps every letter exact
+    # (no ringing around the strokes) in fewer bytes than the lossy mode's artefacts cost.
+    data = text_page_pdf()
+    thumb = render(data, None, OPTS)
+    assert webp_codec(thumb.data) == "VP8L"
+    page = pymupdf.open(stream=data)[0]
+    scale = 512 / max(page.rect.width, page.rect.height)
+    pix = page.get_pixmap(matrix=pymupdf.Matrix(scale, scale), alpha=False)
+    raster = Image.frombytes("RGB", (pix.width, pix.height), pix.samples)
+    assert decode(thumb).convert("RGB").tobytes() == raster.tobytes()
+    lossy = io.BytesIO()
+    raster.save(lossy, "WEBP", quality=OPTS.quality, method=0)
+    assert len(thumb.data) < 0.8 * len(lossy.getvalue())
+
+
+def test_photos_and_dithered_pictures_stay_lossy() -> None:
+    # A photo has thousands of colours; a picture of 256 dithered colours (a GIF of a photo)
+    # has few, but no background, and lossless would make it twice the size.
+    photo = corpus.photo_image(800, 600, seed=3)
+    dithered = photo.convert("P", palette=Image.Palette.ADAPTIVE, colors=256)
+    for picture in (photo, dithered):
+        out = io.BytesIO()
+        picture.save(out, "PNG")
+        assert webp_codec(render(out.getvalue(), None, OPTS).data) == "VP8 "
 
 
 def test_jpeg_output_on_request() -> None:

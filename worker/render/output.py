@@ -21,6 +21,16 @@ from worker.render import RenderOptions, Rendition, Thumbnail
 # Measured on a 4000x3000 photo: method 0 encodes a 512 px thumbnail in a quarter of the time of
 # the default method 4 (5-7 ms against 20 ms), for files about 6% larger.
 WEBP_METHOD = 0
+# WebP's lossless mode stores a graphic (a text page, a diagram, a chart, a logo: a few colours on
+# a background) exactly, in fewer bytes and less time than the lossy mode at quality 80 spends on
+# the ringing around its edges. Measured at 512 px: a text page 24 KB in 3.2 ms against 41 KB in
+# 6.6 ms, a diagram 4.7 KB in 2.4 ms against 35 KB in 6.2 ms. A photo dithered to 256 colours has
+# no background and stays lossy (lossless: 39 KB in 9.6 ms against 20 KB in 5.1 ms); so does any
+# picture of more colours. Effort 0 (with method 0) is libwebp's fastest lossless setting; 10
+# gave the same bytes.
+GRAPHIC_MAX_COLOURS = 256
+GRAPHIC_MIN_BACKGROUND = 0.25  # a text page's white is ~80% of it, a dithered photo's top 2%
+WEBP_LOSSLESS_EFFORT = 0
 # libavif's fastest speed: 35 ms for a 512x384 photo where speed 8 takes 76 ms and 6 takes 325 ms
 # (measured), for files 8% larger. One thread: the render processes already use every core.
 AVIF_SPEED = 10
@@ -185,7 +195,17 @@ def encode(
     if img.mode == "L":
         img = img.convert("RGB")
     if opts.format == "webp":
-        img.save(buf, "WEBP", quality=opts.quality, method=WEBP_METHOD, icc_profile=icc_profile)
+        if is_graphic(img):
+            img.save(
+                buf,
+                "WEBP",
+                lossless=True,
+                quality=WEBP_LOSSLESS_EFFORT,
+                method=WEBP_METHOD,
+                icc_profile=icc_profile,
+            )
+        else:
+            img.save(buf, "WEBP", quality=opts.quality, method=WEBP_METHOD, icc_profile=icc_profile)
         return buf.getvalue(), CONTENT_TYPES["webp"]
     if opts.format == "avif":
         img.save(
@@ -207,6 +227,16 @@ def _cosines(size: int, count: int) -> tuple[tuple[float, ...], ...]:
     return tuple(
         tuple(math.cos(math.pi / size * k * (i + 0.5)) for i in range(size)) for k in range(count)
     )
+
+
+def is_graphic(img: Image.Image) -> bool:
+    """Whether `img` is a graphic rather than a photo: a few colours (at most
+    `GRAPHIC_MAX_COLOURS`), one of them a background (at least `GRAPHIC_MIN_BACKGROUND` of the
+    pixels). A photo gives up counting at its 257th colour, within its first rows."""
+    colours = img.getcolors(GRAPHIC_MAX_COLOURS)
+    if not colours:
+        return False
+    return max(colours)[0] >= GRAPHIC_MIN_BACKGROUND * img.width * img.height
 
 
 def dominant_color(rgba: Image.Image) -> str:

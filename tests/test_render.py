@@ -295,6 +295,23 @@ def test_photos_and_dithered_pictures_stay_lossy() -> None:
         assert webp_codec(render(out.getvalue(), None, OPTS).data) == "VP8 "
 
 
+def test_a_grey_photo_on_a_white_page_is_never_larger_than_its_lossy_encoding() -> None:
+    # Few colours (256 greys at most) and a background, like a graphic, but a photo's gradients
+    # cost lossless WebP four to five times the lossy bytes: the smaller encoding is kept.
+    page = Image.new("L", (800, 600), 255)
+    page.paste(corpus.photo_image(300, 300, seed=2).convert("L"), (40, 20))
+    out = io.BytesIO()
+    page.save(out, "PNG")
+    thumb = render(out.getvalue(), None, OPTS)
+    picture = decode(thumb).convert("RGB")
+    lossy = io.BytesIO()
+    page.convert("RGB").resize(picture.size, Image.Resampling.LANCZOS).save(
+        lossy, "WEBP", quality=OPTS.quality, method=0
+    )
+    assert webp_codec(thumb.data) == "VP8 "
+    assert len(thumb.data) <= 1.1 * len(lossy.getvalue())
+
+
 def test_jpeg_output_on_request() -> None:
     thumb = render(corpus.slide_pdf(), None, RenderOptions(format="jpeg", quality=85))
     assert thumb.content_type == "image/jpeg"

@@ -26,10 +26,14 @@ WEBP_METHOD = 0
 # the ringing around its edges. Measured at 512 px: a text page 24 KB in 3.2 ms against 41 KB in
 # 6.6 ms, a diagram 4.7 KB in 2.4 ms against 35 KB in 6.2 ms. A photo dithered to 256 colours has
 # no background and stays lossy (lossless: 39 KB in 9.6 ms against 20 KB in 5.1 ms); so does any
-# picture of more colours. Effort 0 (with method 0) is libwebp's fastest lossless setting; 10
-# gave the same bytes.
+# picture of more colours. A grey photo on a white page looks like a graphic by its colours, but
+# lossless takes 4-5 times the lossy bytes: a lossless picture over `GRAPHIC_MAX_BYTES_PER_PIXEL`
+# is encoded lossy as well and the smaller kept (lossy takes about 0.2 bytes a pixel for a text
+# page, 0.04-0.15 for photos; the text page above takes 0.13 lossless). Effort 0 (with method 0)
+# is libwebp's fastest lossless setting; 10 gave the same bytes.
 GRAPHIC_MAX_COLOURS = 256
 GRAPHIC_MIN_BACKGROUND = 0.25  # a text page's white is ~80% of it, a dithered photo's top 2%
+GRAPHIC_MAX_BYTES_PER_PIXEL = 0.15
 WEBP_LOSSLESS_EFFORT = 0
 # libavif's fastest speed: 35 ms for a 512x384 photo where speed 8 takes 76 ms and 6 takes 325 ms
 # (measured), for files 8% larger. One thread: the render processes already use every core.
@@ -204,8 +208,13 @@ def encode(
                 method=WEBP_METHOD,
                 icc_profile=icc_profile,
             )
-        else:
+            if buf.tell() <= GRAPHIC_MAX_BYTES_PER_PIXEL * img.width * img.height:
+                return buf.getvalue(), CONTENT_TYPES["webp"]
+            # A photo's gradients on a plain background: lossy may well be smaller.
+            lossless, buf = buf.getvalue(), io.BytesIO()
             img.save(buf, "WEBP", quality=opts.quality, method=WEBP_METHOD, icc_profile=icc_profile)
+            return min(lossless, buf.getvalue(), key=len), CONTENT_TYPES["webp"]
+        img.save(buf, "WEBP", quality=opts.quality, method=WEBP_METHOD, icc_profile=icc_profile)
         return buf.getvalue(), CONTENT_TYPES["webp"]
     if opts.format == "avif":
         img.save(

@@ -199,6 +199,7 @@ def encode(
     if img.mode == "L":
         img = img.convert("RGB")
     if opts.format == "webp":
+        lossless = None
         if is_graphic(img):
             img.save(
                 buf,
@@ -208,14 +209,15 @@ def encode(
                 method=WEBP_METHOD,
                 icc_profile=icc_profile,
             )
-            if buf.tell() <= GRAPHIC_MAX_BYTES_PER_PIXEL * img.width * img.height:
-                return buf.getvalue(), CONTENT_TYPES["webp"]
-            # A photo's gradients on a plain background: lossy may well be smaller.
             lossless, buf = buf.getvalue(), io.BytesIO()
-            img.save(buf, "WEBP", quality=opts.quality, method=WEBP_METHOD, icc_profile=icc_profile)
-            return min(lossless, buf.getvalue(), key=len), CONTENT_TYPES["webp"]
+            if len(lossless) <= GRAPHIC_MAX_BYTES_PER_PIXEL * img.width * img.height:
+                return lossless, CONTENT_TYPES["webp"]
+            # A photo's gradients on a plain background: lossy may well be smaller.
         img.save(buf, "WEBP", quality=opts.quality, method=WEBP_METHOD, icc_profile=icc_profile)
-        return buf.getvalue(), CONTENT_TYPES["webp"]
+        lossy = buf.getvalue()
+        if lossless is not None and len(lossless) < len(lossy):
+            return lossless, CONTENT_TYPES["webp"]
+        return lossy, CONTENT_TYPES["webp"]
     if opts.format == "avif":
         img.save(
             buf,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,7 +134,10 @@ def _cron_params() -> dict[str, Any]:
 
 @bp.route("/batch-generate", methods=["POST", "GET"])
 def batch_generate() -> Response:
-    """One time-budgeted batch; the engine's report as JSON."""
+    """One time-budgeted batch; the engine's report as JSON. The budget counts from the
+    request's arrival, as the platform's time limit does: opening the batch's connection (and,
+    on a first request, the storage client) is part of it."""
+    arrived = time.monotonic()
     st = state()
     config = st.config
     require_admin(config)
@@ -159,6 +163,7 @@ def batch_generate() -> Response:
                 st.render_pool(),
                 budget_ms=budget_ms,
                 max_items=max_items,
+                started=arrived,
             )
     finally:
         st.batch_lock.release()

@@ -108,14 +108,17 @@ def run_batch(
     worker_id: str | None = None,
     clock: Callable[[], float] = time.monotonic,
     on_item: Callable[[ClaimedJob, str], None] | None = None,
+    started: float | None = None,
 ) -> BatchResult:
     """Run one invocation within `budget_ms` (default: the configured budget) and report.
     `on_item(job, outcome)` is called from the worker thread after each item the run started:
     `succeeded`, `failed`, `unsupported`, `missing`, `retried`, `skipped`, `checkpointed`,
-    `released` (started late and killed at the deadline: back in the queue) or `unrecorded`."""
+    `released` (started late and killed at the deadline: back in the queue) or `unrecorded`.
+    `started` is `clock()`'s reading when the invocation began, if before this call (an HTTP
+    request's arrival: the platform's limit counts from there); the budget counts from it."""
     budget_ms = budget_ms or config.budget_ms
     buffer_ms = min(config.buffer_ms, budget_ms // 2)
-    budget = Budget(budget_ms, buffer_ms, clock)
+    budget = Budget(budget_ms, buffer_ms, clock, started)
     worker_id = worker_id or new_worker_id()
     queue = Queue(
         conn,

@@ -50,10 +50,15 @@ class Budget:
     """The deadline of one invocation: start + budget - buffer, on a monotonic clock."""
 
     def __init__(
-        self, budget_ms: int, buffer_ms: int, clock: Callable[[], float] = time.monotonic
+        self,
+        budget_ms: int,
+        buffer_ms: int,
+        clock: Callable[[], float] = time.monotonic,
+        started: float | None = None,
     ) -> None:
+        """`started`: the clock's reading when the invocation began (default: now)."""
         self.clock = clock
-        self.started = clock()
+        self.started = clock() if started is None else started
         self.budget_ms = budget_ms
         self.work_ms = budget_ms - buffer_ms
         self.deadline = self.started + self.work_ms / 1000

@@ -162,3 +162,13 @@ def supabase_push(conn: db.Conn, files: dict[str, str]) -> list[str]:
             [version, name.partition("_")[2].removesuffix(".sql")],
         )
     return [local[v] for v in pending]
+
+
+def make_retries_due(conn: db.Conn) -> int:
+    """Make the messages of pending jobs visible now, so that retries waiting out thumbq's
+    backoff (30 s, then 60 s, ...) are claimed at once; returns how many there were."""
+    rows = conn.execute(
+        "select pgmq.set_vt('thumbq_jobs', msg_id, 0) from thumbq.jobs"
+        " where status = 'pending' and msg_id is not null"
+    ).fetchall()
+    return len(rows)

@@ -24,6 +24,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from bench.corpus import photo_jpeg, tiny_png, vector_pdf
 from tests.faultproxy import FaultProxy, Request
 from tests.liveapp import call, live_app, wait_until
+from tests.pgtools import make_retries_due
 from worker import db
 from worker.batch import run_batch
 from worker.config import Config
@@ -58,18 +59,10 @@ def _jobs(conn: db.Conn) -> dict[str, dict[str, Any]]:
     return {r["source_key"]: r for r in rows}
 
 
-def _fast_forward(conn: db.Conn) -> None:
-    """Make retries waiting out their backoff (30 s+) visible now."""
-    conn.execute(
-        "select pgmq.set_vt('thumbq_jobs', msg_id, 0) from thumbq.jobs"
-        " where status = 'pending' and msg_id is not null"
-    ).fetchall()
-
-
 def _drain(url: str, conn: db.Conn, runs: int = 6) -> list[dict[str, Any]]:
     answers = []
     for _ in range(runs):
-        _fast_forward(conn)
+        make_retries_due(conn)
         status, body, _ = _post_batch(url)
         assert status == 200, body
         answers.append(body)
@@ -204,7 +197,7 @@ def test_a_hung_file_storage_read_costs_the_item_not_the_invocation(
         wall_ms = (time.monotonic() - started) * 1000
         jobs = _jobs(conn)
         storage.recover()
-        _fast_forward(conn)
+        make_retries_due(conn)
         second = run_batch(cfg, conn, storage)
     finally:
         storage.recover()

@@ -20,6 +20,7 @@ import pytest
 
 from examples import docgen, export, segments
 from tests.httpstub import HttpStub, Request
+from tests.pgtools import make_retries_due
 from worker import db, ratelimit
 from worker.batch import render_options, run_batch
 from worker.config import Config
@@ -82,15 +83,6 @@ def wait_all(procs: list[subprocess.Popen[bytes]], timeout_s: float) -> None:
     for p in procs:
         p.wait(max(end - time.monotonic(), 1))
         assert p.returncode == 0
-
-
-def make_retries_due(conn: db.Conn) -> None:
-    """Make every retry that waits out its backoff (30 s, then 60 s, ...) due now."""
-    conn.execute(
-        "with due as (update thumbq.jobs set next_attempt_at = now()"
-        " where status = 'pending' and next_attempt_at > now() returning msg_id)"
-        " select pgmq.set_vt('thumbq_jobs', msg_id, 0) from due where msg_id is not null"
-    )
 
 
 def skip_backoffs(url: str, stop: threading.Event) -> None:

@@ -21,6 +21,7 @@ from PIL import Image
 
 from bench.corpus import photo_jpeg, tiny_png, vector_pdf
 from tests.faultproxy import FaultProxy
+from tests.pgtools import make_retries_due
 from worker import db
 from worker.batch import run_batch
 from worker.config import Config
@@ -96,15 +97,6 @@ def _whole_image_problem(body: bytes, expected: int) -> str | None:
     return None
 
 
-def _fast_forward(conn: db.Conn) -> int:
-    """Make jobs waiting out thumbq's retry backoff visible now (the backoff is 30 s+)."""
-    rows = conn.execute(
-        "select pgmq.set_vt('thumbq_jobs', msg_id, 0) from thumbq.jobs"
-        " where status = 'pending' and msg_id is not null"
-    ).fetchall()
-    return len(rows)
-
-
 @pytest.mark.slow
 def test_storage_faults_are_retried_and_no_partial_thumbnail_is_ever_visible(
     config: Config, conn: db.Conn, s3_storage_url: tuple[str, str]
@@ -145,7 +137,7 @@ def test_storage_faults_are_retried_and_no_partial_thumbnail_is_ever_visible(
         )
         for _ in range(40):
             result = run_batch(cfg, conn, storage, pool)
-            forwarded = _fast_forward(conn)
+            forwarded = make_retries_due(conn)
             runs.append({**result.response(), "fast_forwarded": forwarded})
             if _unfinished(conn) == 0:
                 break

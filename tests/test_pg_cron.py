@@ -142,6 +142,34 @@ def test_the_migrations_schedule_batch_and_cleanup_once_with_the_real_extensions
     assert not any(r["ok"] for r in may_call), "API roles must not trigger batches or read secrets"
 
 
+def test_set_schedule_false_unschedules_thumbqs_cron_jobs_and_true_brings_them_back(
+    cron_cluster_url: str,
+) -> None:
+    """Supabase with Vercel Cron or Netlify: one documented call turns pg_cron's schedule off
+    (docs/deploy.md), it stays off when the schema files run again, and one call turns it on."""
+    with db.connect(cron_cluster_url) as conn:
+        conn.execute("select cron.schedule('someone-elses', '0 3 * * *', 'select 1')")
+        try:
+            off = conn.execute("select thumbq.set_schedule(false) as r").fetchone()
+            assert off == {"r": {"enabled": False, "jobs": []}}
+            assert [j[0] for j in _cron_jobs(conn)] == ["someone-elses"]
+            # An upgrade that applies 007 again (and every file after it) keeps it off.
+            conn.execute("update thumbq.schema_migrations set checksum = 'x'")
+            assert "007_cron" in db.init_schema(conn)["applied"]
+            assert [j[0] for j in _cron_jobs(conn)] == ["someone-elses"]
+            on = conn.execute("select thumbq.set_schedule(true) as r").fetchone()
+            assert on == {"r": {"enabled": True, "jobs": [n for n, _, _ in EXPECTED_JOBS]}}
+            assert [j for j in _cron_jobs(conn) if j[0] != "someone-elses"] == EXPECTED_JOBS
+            may_call = conn.execute(
+                "select has_function_privilege(r, 'thumbq.set_schedule(boolean)', 'execute') as ok"
+                " from unnest(array['anon', 'authenticated', 'service_role']) r"
+            ).fetchall()
+        finally:
+            conn.execute("select cron.unschedule('someone-elses')")
+            conn.execute("select thumbq.set_schedule(true)")
+    assert not any(r["ok"] for r in may_call), "API roles must not change the schedule"
+
+
 def test_call_api_posts_with_pg_net_to_the_vault_url_with_the_bearer_secret(
     cron_cluster_url: str,
 ) -> None:
@@ -264,3 +292,13 @@ def test_cron_migration_on_plain_postgres_does_nothing_and_says_so(conn: db.Conn
     ).fetchone()
     assert row == {"no_function": True, "no_cron": True}
     assert any("pg_cron is not available" in n for n in notices), notices
+
+
+def test_set_schedule_on_plain_postgres_records_off_and_refuses_on_naming_pg_cron(
+    conn: db.Conn,
+) -> None:
+    assert conn.execute("select thumbq.set_schedule(false) as r").fetchone() == {
+        "r": {"enabled": False, "jobs": []}
+    }
+    with pytest.raises(Exception, match="pg_cron is not installed"):
+        conn.execute("select thumbq.set_schedule(true)")

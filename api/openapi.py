@@ -1022,6 +1022,21 @@ PATHS: dict[str, Any] = {
             op_id="getQueues",
         )
     },
+    "/metrics": {
+        "get": _op(
+            "Prometheus' text format: jobs, failures, queues, rate limits, durations. The bearer "
+            "is the admin secret or THUMBQ_METRICS_TOKEN (read-only).",
+            {
+                "200": {
+                    "description": "Prometheus text exposition 0.0.4.",
+                    "content": {"text/plain": {"schema": {"type": "string"}}},
+                },
+                **_ADMIN_ERRORS,
+            },
+            security=ADMIN,
+            op_id="getMetrics",
+        )
+    },
     "/api/openapi.json": {
         "get": _op(
             "This description.",

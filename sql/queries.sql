@@ -175,3 +175,12 @@ select id from thumbq.jobs
 -- What earlier runs observed of each kind of item: an interactive run predicts from it whether
 -- its job fits in the caller's wait (a small table: kinds x size classes).
 select kind, size_class, samples, ewma_ms, max_ms from thumbq.render_stats
+
+-- Operations: metrics and webhook events (sql/012_operations.sql) ---------------------------
+
+-- name: metrics
+-- Every sample of GET /metrics in one statement; bounded by the backlog and the last hour.
+select metric, labels, value from thumbq.metrics
+
+-- name: enqueue_events
+select thumbq.enqueue_events(%(limit)s, %(max_attempts)s) as enqueued

@@ -124,6 +124,38 @@ def _soffice(env: Mapping[str, str]) -> str | None:
     return shutil.which("soffice", path=path) or shutil.which("libreoffice", path=path)
 
 
+def _webhook(env: Mapping[str, str]) -> tuple[str | None, bytes | None]:
+    """THUMBQ_WEBHOOK_URL (http or https) and THUMBQ_WEBHOOK_SECRET (`whsec_` + base64 of the
+    key, as Standard Webhooks writes it): both or neither."""
+    import base64
+    import binascii
+
+    url = _str(env, "THUMBQ_WEBHOOK_URL")
+    secret = _str(env, "THUMBQ_WEBHOOK_SECRET")
+    if url is None and secret is None:
+        return None, None
+    if url is None or secret is None:
+        missing = "THUMBQ_WEBHOOK_SECRET" if url else "THUMBQ_WEBHOOK_URL"
+        raise ConfigError(
+            f"webhooks need THUMBQ_WEBHOOK_URL and THUMBQ_WEBHOOK_SECRET: set {missing}"
+        )
+    if urlsplit(url).scheme not in ("https", "http") or not urlsplit(url).netloc:
+        raise ConfigError(f"THUMBQ_WEBHOOK_URL must be an http(s) URL, got {url!r}")
+    try:
+        if not secret.startswith("whsec_"):
+            raise ValueError
+        key = base64.b64decode(secret.removeprefix("whsec_"), validate=True)
+    except (ValueError, binascii.Error):
+        raise ConfigError(
+            "THUMBQ_WEBHOOK_SECRET must be whsec_ followed by base64 (e.g. "
+            "`python -c \"import os,base64; print('whsec_' + base64.b64encode(os.urandom(32))"
+            '.decode())"`)'
+        ) from None
+    if len(key) < MIN_SECRET_LENGTH:
+        raise ConfigError(f"THUMBQ_WEBHOOK_SECRET's key must be at least {MIN_SECRET_LENGTH} bytes")
+    return url, key
+
+
 def _str(env: Mapping[str, str], name: str) -> str | None:
     raw = env.get(name)
     return raw if raw else None
@@ -186,6 +218,14 @@ class Config:
     jwks_url: str | None = None
     # Where the progress page loads supabase-js (an ES module) from, when Realtime is configured.
     supabase_js_url: str = "https://esm.sh/@supabase/supabase-js@2"
+    # A read-only bearer token for GET /metrics (the admin secret works too).
+    metrics_token: str | None = None
+    # Where group.completed events are POSTed, and the Standard Webhooks key that signs them
+    # (the bytes after `whsec_`, base64-decoded); None: no webhooks.
+    webhook_url: str | None = None
+    webhook_key: bytes | None = None
+    # How long the thumbnail URLs in job answers work; None: job answers carry no URLs.
+    signed_url_ttl_s: int | None = None
 
     @property
     def deadline_ms(self) -> int:
@@ -234,6 +274,12 @@ class Config:
         if jwks_url is not None and urlsplit(jwks_url).scheme not in ("https", "http"):
             name = "THUMBQ_JWKS_URL" if env.get("THUMBQ_JWKS_URL") else "SUPABASE_URL"
             raise ConfigError(f"{name} must be an http(s) URL, got {jwks_url!r}")
+        webhook_url, webhook_key = _webhook(env)
+        metrics_token = _str(env, "THUMBQ_METRICS_TOKEN")
+        if metrics_token is not None and len(metrics_token) < MIN_SECRET_LENGTH:
+            raise ConfigError(
+                f"THUMBQ_METRICS_TOKEN must be at least {MIN_SECRET_LENGTH} characters"
+            )
         return cls(
             home=home,
             database_url=_database_url(env),
@@ -278,4 +324,11 @@ class Config:
             supabase_anon_key=_str(env, "SUPABASE_ANON_KEY"),
             supabase_js_url=env.get("THUMBQ_SUPABASE_JS_URL")
             or "https://esm.sh/@supabase/supabase-js@2",
+            metrics_token=metrics_token,
+            webhook_url=webhook_url,
+            webhook_key=webhook_key,
+            # Seven days is the longest a presigned S3 URL may live (SigV4).
+            signed_url_ttl_s=_int(env, "THUMBQ_SIGNED_URL_TTL_S", 0, lo=1, hi=7 * 86_400)
+            if _str(env, "THUMBQ_SIGNED_URL_TTL_S")
+            else None,
         )

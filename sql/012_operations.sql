@@ -1,0 +1,269 @@
+-- Operations: the metrics an operator scrapes (GET /metrics, or the thumbq.metrics view from
+-- SQL), and the outbox of events that webhooks deliver (group.completed).
+--
+-- Cost: every figure comes from the queues (their length is the backlog, not the history),
+-- from jobs that wait or run (a partial index), or from the last hour (indexes on completion
+-- and error times, and on batch runs' start): a scrape costs the same with a million finished
+-- jobs as with none. Group rows are never summed here.
+
+-- Jobs that wait or run, by task: an index-only count of the backlog.
+create index if not exists jobs_live_task_idx on thumbq.jobs (task, status)
+  where status in ('pending', 'processing');
+
+-- Metrics --------------------------------------------------------------------------------
+
+-- One row per sample: metric name, labels, value. A plpgsql function, whose body is resolved
+-- at call time, so that pgmq can be upgraded under it (see 010's queue_metrics). Histograms
+-- are cumulative buckets (`le`) plus their `_count` and `_sum`, over the last hour.
+create or replace function thumbq.metrics_rows()
+returns table (metric text, labels jsonb, value double precision)
+language plpgsql
+stable
+as $$
+declare
+  v_queue text;
+  v_visible bigint;
+  v_invisible bigint;
+  v_oldest integer;
+  v_since timestamptz := now() - interval '1 hour';
+  v_batch_le double precision[] := array[0.25, 0.5, 1, 2.5, 5, 7.5, 10, 15, 30, 60];
+  v_render_le double precision[] := array[0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10];
+begin
+  -- Jobs that wait or run, by task and status (a backlog, bounded by jobs_live_task_idx).
+  return query
+    select 'thumbq_jobs', jsonb_build_object('task', j.task, 'status', j.status),
+           count(*)::double precision
+      from thumbq.jobs j
+     where j.status in ('pending', 'processing')
+     group by j.task, j.status;
+
+  -- Jobs that ended in the last hour, by task and status (jobs_finished_idx).
+  return query
+    select 'thumbq_jobs_finished_recent', jsonb_build_object('task', j.task, 'status', j.status),
+           count(*)::double precision
+      from thumbq.jobs j
+     where j.completed_at > v_since
+       and j.status in ('completed', 'failed', 'unsupported', 'cancelled')
+     group by j.task, j.status;
+
+  -- Errors recorded in the last hour, by code (jobs_errors_idx): failures, retries and files
+  -- that cannot be made.
+  return query
+    select 'thumbq_failures_recent', jsonb_build_object('code', j.error_code),
+           count(*)::double precision
+      from thumbq.jobs j
+     where j.error_code is not null and j.updated_at > v_since
+     group by j.error_code;
+
+  -- Each queue: messages waiting (visible now) and in flight (invisible: read by a worker, or
+  -- waiting out a retry's backoff), and the oldest message's age; as pgmq.metrics counts them.
+  foreach v_queue in array array['thumbq_jobs', 'thumbq_jobs_p1', 'thumbq_jobs_p2',
+                                 'thumbq_jobs_p3', 'thumbq_jobs_p4', 'thumbq_jobs_p5',
+                                 'thumbq_jobs_p6', 'thumbq_jobs_p7', 'thumbq_jobs_p8',
+                                 'thumbq_jobs_p9', 'thumbq_dlq'] loop
+    if to_regclass(format('pgmq.%I', 'q_' || v_queue)) is null then
+      continue;
+    end if;
+    execute format('select count(*) filter (where vt <= now()), count(*) filter (where vt > now()),'
+                   ' extract(epoch from (now() - min(enqueued_at)))::integer from pgmq.%I',
+                   'q_' || v_queue)
+      into v_visible, v_invisible, v_oldest;
+    return query values
+      ('thumbq_queue_messages', jsonb_build_object('queue', v_queue, 'state', 'waiting'),
+       v_visible::double precision),
+      ('thumbq_queue_messages', jsonb_build_object('queue', v_queue, 'state', 'in_flight'),
+       v_invisible::double precision),
+      ('thumbq_queue_oldest_message_age_seconds', jsonb_build_object('queue', v_queue),
+       coalesce(v_oldest, 0)::double precision);
+  end loop;
+
+  -- Tokens in each bucket now (refilled as take_tokens would), and its capacity.
+  return query
+    select m.metric, jsonb_build_object('bucket', b.name), m.value
+      from thumbq.rate_limits b
+     cross join lateral (values
+       ('thumbq_rate_limit_tokens',
+        least(b.capacity, b.tokens + b.refill_per_second
+                                     * greatest(0, extract(epoch from now() - b.refilled_at)))),
+       ('thumbq_rate_limit_capacity', b.capacity)) m(metric, value);
+
+  -- Batch runs that started in the last hour and ended: duration in seconds
+  -- (batch_runs_started_idx).
+  return query
+    with r as (
+      select r.duration_ms / 1000.0 as s from thumbq.batch_runs r
+       where r.started_at > v_since and r.finished_at is not null and r.duration_ms is not null
+    )
+    select 'thumbq_batch_duration_seconds_bucket', jsonb_build_object('le', le::text),
+           (select count(*) from r where r.s <= le)::double precision
+      from unnest(v_batch_le) le
+    union all
+    select 'thumbq_batch_duration_seconds_count', '{}'::jsonb, count(*)::double precision from r
+    union all
+    select 'thumbq_batch_duration_seconds_sum', '{}'::jsonb, coalesce(sum(r.s), 0)::double precision
+      from r;
+
+  -- Thumbnails made in the last hour: render time by the source's content type
+  -- (jobs_finished_idx).
+  return query
+    with r as (
+      select coalesce(j.content_type, 'unknown') as ct, j.duration_ms / 1000.0 as s
+        from thumbq.jobs j
+       where j.completed_at > v_since and j.status = 'completed' and j.task = 'thumbnail'
+         and j.duration_ms is not null
+    ), t as (
+      select distinct r.ct from r
+    )
+    select 'thumbq_render_duration_seconds_bucket',
+           jsonb_build_object('content_type', t.ct, 'le', le::text),
+           (select count(*) from r where r.ct = t.ct and r.s <= le)::double precision
+      from t cross join unnest(v_render_le) le
+    union all
+    select 'thumbq_render_duration_seconds_count', jsonb_build_object('content_type', r.ct),
+           count(*)::double precision
+      from r group by r.ct
+    union all
+    select 'thumbq_render_duration_seconds_sum', jsonb_build_object('content_type', r.ct),
+           sum(r.s)::double precision
+      from r group by r.ct;
+end
+$$;
+
+-- The same samples for Supabase users who scrape nothing: `select * from thumbq.metrics`.
+create or replace view thumbq.metrics as
+select m.metric, m.labels, m.value from thumbq.metrics_rows() m;
+
+-- Events and their outbox ------------------------------------------------------------------
+
+-- What happened that a webhook tells (group.completed). Rows are written by the trigger below
+-- and turned into `webhook` jobs by thumbq.enqueue_events, in a transaction of its own, so that
+-- no job is ever enqueued from inside a group row's trigger (that would take job rows and
+-- messages after a group row, against the lock order of 010_concurrency.sql).
+create table if not exists thumbq.events (
+  id          uuid primary key default gen_random_uuid(),
+  type        text not null check (length(type) between 1 and 100),
+  group_id    text not null,
+  payload     jsonb not null,
+  created_at  timestamptz not null default clock_timestamp(),
+  -- The webhook job that delivers it; null until enqueue_events has taken it.
+  job_id      bigint
+);
+create index if not exists events_undelivered_idx on thumbq.events (created_at)
+  where job_id is null;
+create index if not exists events_created_idx on thumbq.events (created_at);
+
+-- Whether anyone delivers events: enqueue_events marks it on each call. Events are recorded only
+-- while a deployment called it within the last day, so that a database without webhooks grows no
+-- outbox, and one that turns them on later is not sent its whole history.
+create table if not exists thumbq.event_sinks (
+  name     text primary key,
+  seen_at  timestamptz not null default clock_timestamp()
+);
+
+do $$
+declare
+  t text;
+begin
+  foreach t in array array['events', 'event_sinks'] loop
+    execute format('alter table thumbq.%I enable row level security', t);
+    execute format('grant all on thumbq.%I to service_role', t);
+    if not exists (select 1 from pg_policies where schemaname = 'thumbq' and tablename = t
+                   and policyname = 'service_role_all') then
+      execute format('create policy service_role_all on thumbq.%I to service_role'
+                     ' using (true) with check (true)', t);
+    end if;
+  end loop;
+end
+$$;
+revoke all on thumbq.metrics from public, anon, authenticated;
+grant select on thumbq.metrics to service_role;
+
+-- The group webhook jobs live in; its own completion is never an event.
+create or replace function thumbq.webhook_group()
+returns text
+language sql
+immutable
+as $$ select 'thumbq_webhooks'::text $$;
+
+-- A group whose last waiting or running job ended: one group.completed event with its counts.
+create or replace function thumbq.groups_completed_event()
+returns trigger
+language plpgsql
+as $$
+begin
+  if exists (select 1 from thumbq.event_sinks s
+              where s.name = 'webhook' and s.seen_at > now() - interval '1 day') then
+    insert into thumbq.events (type, group_id, payload)
+    values ('group.completed', new.group_id,
+            jsonb_build_object('group_id', new.group_id, 'total', new.total,
+                               'pending', new.pending, 'processing', new.processing,
+                               'completed', new.completed, 'failed', new.failed,
+                               'unsupported', new.unsupported, 'cancelled', new.cancelled,
+                               'completed_at', clock_timestamp()));
+  end if;
+  return null;
+end
+$$;
+
+drop trigger if exists groups_completed_event on thumbq.groups;
+create trigger groups_completed_event after update on thumbq.groups
+  for each row
+  when (old.pending + old.processing > 0 and new.pending + new.processing = 0
+        and new.group_id <> 'thumbq_webhooks')
+  execute function thumbq.groups_completed_event();
+
+-- Up to p_limit undelivered events become `webhook` jobs (priority 9, idempotency key from the
+-- event id, so an event is enqueued once however often this runs), in this call's own
+-- transaction; delivered events older than 30 days are pruned, p_limit at a time. Returns how
+-- many jobs were enqueued.
+create or replace function thumbq.enqueue_events(p_limit integer default 100,
+                                                 p_max_attempts integer default 10)
+returns integer
+language plpgsql
+as $$
+declare
+  v_ids uuid[];
+  v_items jsonb;
+  n integer := 0;
+begin
+  insert into thumbq.event_sinks as s (name) values ('webhook')
+  on conflict (name) do update set seen_at = clock_timestamp()
+   where s.seen_at < clock_timestamp() - interval '1 minute';
+
+  select array_agg(e.id order by e.created_at, e.id),
+         jsonb_agg(jsonb_build_object(
+           'task', 'webhook', 'group_id', thumbq.webhook_group(), 'priority', 9,
+           'idempotency_key', 'event:' || e.id, 'max_attempts', p_max_attempts,
+           'payload', jsonb_build_object('id', e.id, 'type', e.type,
+                                         'timestamp', e.created_at, 'data', e.payload))
+           order by e.created_at, e.id)
+    into v_ids, v_items
+    from (select * from thumbq.events
+           where job_id is null
+           order by created_at
+           limit greatest(p_limit, 0)
+             for update skip locked) e;
+
+  if v_ids is not null then
+    update thumbq.events e set job_id = j.job_id
+      from unnest(v_ids) with ordinality as i(id, ord)
+      join thumbq.enqueue_jobs(v_items, thumbq.webhook_group(), p_max_attempts)
+           with ordinality as j(job_id, task, created, status, ordering_key, sequence, ord)
+        on j.ord = i.ord
+     where e.id = i.id;
+    get diagnostics n = row_count;
+  end if;
+
+  delete from thumbq.events
+   where id in (select id from thumbq.events
+                 where job_id is not null and created_at < now() - interval '30 days'
+                 order by created_at
+                 limit greatest(p_limit, 0));
+  return n;
+end
+$$;
+
+revoke execute on function thumbq.metrics_rows(), thumbq.webhook_group(),
+  thumbq.groups_completed_event(), thumbq.enqueue_events(integer, integer)
+  from public, anon, authenticated;
+revoke all on function thumbq.groups_completed_event() from service_role;

@@ -9,10 +9,14 @@ install the pgmq they mean explicitly with `install_pgmq`.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar, cast
 
 import pytest
 
@@ -23,6 +27,12 @@ PG15_BIN = Path("/usr/lib/postgresql/15/bin")
 PGMQ_SQL = "sql"  # the pgmq package's SQL, as the embedded default installs it
 PGMQ_EXTENSION_VERSIONS = ("1.4.4", "1.5.1")  # what Supabase ships
 
+F = TypeVar("F", bound=Callable[..., Any])
+# What a test marked `supabase` needs: a live project with thumbq's migrations pushed. No CI
+# machine has one, so these tests are the one exception to `require`: conftest skips them by
+# their marker, with this list as the reason, in CI too.
+SUPABASE_LIVE_VARS = ("SUPABASE_URL", "SUPABASE_ANON_KEY", "THUMBQ_USER_JWT", "SUPABASE_DB_URL")
+
 
 def vendor_dir() -> Path:
     """The vendored extension sources: ../shared/vendor/ beside the checkout (CI has it)."""
@@ -30,12 +40,48 @@ def vendor_dir() -> Path:
 
 
 def require(condition: bool, missing: str) -> None:
-    """Skip the test naming what is missing, or fail in CI, where nothing may be missing."""
+    """Skip the test naming what is missing, or fail in CI, where nothing may be missing.
+
+    Every check of a tool, a library or a vendored source in tests/ goes through here (or
+    `requires`), so that a CI machine without one fails instead of dropping tests silently;
+    `.ci/run` sets CI."""
     if condition:
         return
     if os.environ.get("CI"):
         pytest.fail(f"CI must provide this: {missing}")
     pytest.skip(missing)
+
+
+def requires(condition: bool, missing: str) -> Callable[[F], F]:
+    """`require` as a decorator, in place of `pytest.mark.skipif`: the condition is evaluated
+    once, where the decorator is written, and checked when the test runs (not at collection,
+    where a failure would stop the whole run)."""
+
+    def decorate(test: F) -> F:
+        @functools.wraps(test)
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            require(condition, missing)
+            return test(*args, **kwargs)
+
+        return cast(F, checked)
+
+    return decorate
+
+
+def require_tool(name: str, missing: str | None = None) -> str:
+    """The path of program `name` on PATH; skips (fails in CI) naming it when it is absent."""
+    found = shutil.which(name)
+    require(found is not None, missing or f"{name} is not installed")
+    assert found is not None
+    return found
+
+
+def require_module(name: str, missing: str) -> None:
+    """Skips (fails in CI) when Python module `name` cannot be imported."""
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        require(False, missing)
 
 
 def require_vendored(pattern: str) -> Path:

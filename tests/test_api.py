@@ -27,6 +27,7 @@ from api import create_app
 from api.auth import secret_matches
 from api.openapi import spec
 from tests import pgbouncer
+from tests.pgtools import require
 from tests.s3fixtures import free_port
 from worker import db
 from worker.config import Config
@@ -1116,8 +1117,7 @@ def test_thumbq_serve_keeps_a_polling_client_on_one_connection(
 def pgbouncer_url(db_url: str, pg_server_url: str) -> Iterator[str]:
     """Debian's pgbouncer in transaction mode in front of the test database."""
     reason = pgbouncer.unusable(pg_server_url)
-    if reason:
-        pytest.skip(reason)
+    require(reason is None, str(reason))
     with pgbouncer.pgbouncer(pg_server_url) as bouncer:
         yield pgbouncer.via(bouncer, db_url)
 

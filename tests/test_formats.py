@@ -4,8 +4,8 @@ or the right error for a hostile file, quickly and under the render processes' m
 end to end through a batch.
 
 The corpus is made by the tools that write these formats (tests/formats_corpus.py). Office
-documents need LibreOffice: without `soffice` those tests are skipped with the reason named
-(CI installs it). One render pool, and so one LibreOffice, serves the whole module.
+documents need LibreOffice: without `soffice` those tests skip naming it (in CI they fail:
+CI installs it). One render pool, and so one LibreOffice, serves the whole module.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from bench import corpus
 from bench.corpus import BLUE, GREEN, RED
 from tests import formats_corpus as fc
 from tests.httpstub import HttpStub
+from tests.pgtools import require, requires
 from tests.test_progress_page import browser  # noqa: F401  (a fixture: headless chromium)
 from worker import db, ratelimit
 from worker.batch import run_batch, thumbnail_key
@@ -99,8 +100,7 @@ def test_each_format_gives_thumbnails_of_its_shape_at_every_size_that_are_not_bl
     pool: RenderPool, name: str
 ) -> None:
     expect = fc.FORMATS[name]
-    if expect.needs_soffice and SOFFICE is None:
-        pytest.skip(NO_SOFFICE)
+    require(not expect.needs_soffice or SOFFICE is not None, NO_SOFFICE)
     make = expect.make
     assert callable(make)
     thumb = pool.render(make(), None, timeout_s=60)
@@ -131,7 +131,7 @@ def red_centre_x(img: Image.Image) -> float:
     return sum(xs) / len(xs) / w
 
 
-@pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="ffmpeg (the CLI) is not installed")
+@requires(shutil.which("ffmpeg") is not None, "ffmpeg (the CLI) is not installed")
 @pytest.mark.parametrize("rotate", [90, 270])
 def test_a_phone_video_turned_by_its_display_matrix_is_shown_upright(
     pool: RenderPool, tmp_path: Path, rotate: int
@@ -434,7 +434,7 @@ def test_without_libreoffice_the_embedded_thumbnail_is_used_or_the_converter_is_
         assert "LibreOffice (soffice) is not installed" in info.value.message
 
 
-@pytest.mark.skipif(SOFFICE is None, reason=NO_SOFFICE)
+@requires(SOFFICE is not None, NO_SOFFICE)
 def test_a_document_libreoffice_cannot_open_still_shows_its_embedded_thumbnail(
     pool: RenderPool,
 ) -> None:
@@ -442,7 +442,7 @@ def test_a_document_libreoffice_cannot_open_still_shows_its_embedded_thumbnail(
     assert has_colour(decode(thumb.data), RED) and not thumb.degraded
 
 
-@pytest.mark.skipif(SOFFICE is None, reason=NO_SOFFICE)
+@requires(SOFFICE is not None, NO_SOFFICE)
 def test_one_libreoffice_serves_every_office_document_of_a_pool(pool: RenderPool) -> None:
     for make in (fc.pptx_deck, fc.docx_letter, fc.odt_text, fc.pptx_deck):
         pool.render(make(), None, timeout_s=60)
@@ -463,7 +463,7 @@ def soffice_processes() -> set[int]:
     return pids
 
 
-@pytest.mark.skipif(SOFFICE is None, reason=NO_SOFFICE)
+@requires(SOFFICE is not None, NO_SOFFICE)
 def test_libreoffice_is_killed_at_its_deadline_and_leaves_no_process_or_file() -> None:
     assert SOFFICE is not None
     before = soffice_processes()
@@ -516,7 +516,7 @@ def test_when_even_the_degraded_render_cannot_finish_the_render_times_out(
     assert pool.render(corpus.small_jpeg(), None, timeout_s=10).width > 0
 
 
-@pytest.mark.skipif(SOFFICE is None, reason=NO_SOFFICE)
+@requires(SOFFICE is not None, NO_SOFFICE)
 def test_an_office_document_whose_conversion_overruns_shows_its_embedded_thumbnail_degraded() -> (
     None
 ):

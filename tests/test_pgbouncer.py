@@ -19,6 +19,7 @@ import pytest
 
 from tests import pgbouncer
 from tests.liveapp import put_samples
+from tests.pgtools import require
 from worker import db
 from worker.batch import render_options, run_batch
 from worker.config import Config
@@ -33,8 +34,7 @@ JWT_SECRET = "pgbouncer-test-jwt-secret-0123456789abcdef"
 @pytest.fixture(scope="module")
 def bouncer(pg_server_url: str) -> Iterator[str]:
     reason = pgbouncer.unusable(pg_server_url)
-    if reason:
-        pytest.skip(reason)
+    require(reason is None, str(reason))
     with pgbouncer.pgbouncer(pg_server_url) as url:
         yield url
 

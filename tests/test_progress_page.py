@@ -15,6 +15,7 @@ import pytest
 
 from tests.liveapp import call, put_samples, wait_until
 from tests.pgbouncer import free_port
+from tests.pgtools import require
 from worker import db
 from worker.batch import render_options, run_batch
 from worker.config import Config
@@ -34,8 +35,10 @@ HOSTILE_KEY = "uploads/<img src=x onerror=window.pwned=1>.jpg"
 
 @pytest.fixture
 def browser() -> Iterator[Any]:
-    if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
-        pytest.skip("chromium and chromium-driver are not installed")
+    require(
+        Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists(),
+        "chromium and chromium-driver are not installed",
+    )
     from selenium import webdriver
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service

@@ -11,9 +11,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from tests.pgtools import supabase_roles
+from tests.pgtools import require_tool, supabase_roles
 from worker import db
 from worker.config import Config
 
@@ -173,9 +171,7 @@ def test_netlify_build_command_writes_the_api_url_into_the_proxy(tmp_path: Path)
 
 
 def _run_netlify_function(api_url: str, secret: str) -> tuple[int, str]:
-    node = shutil.which("node")
-    if not node:
-        pytest.skip("node is not installed")
+    node = require_tool("node", "node is not installed (the Netlify function runs on it)")
     script = (
         "const m = await import(process.env.FN_URL);"
         "const r = await m.default(new Request('https://site.example/.netlify/functions/x'));"

@@ -20,6 +20,7 @@ import jwt
 import pytest
 
 from tests.liveapp import call, live_app, put_samples
+from tests.pgtools import require_module
 from worker import db
 from worker.cli import main as cli_main
 from worker.config import Config
@@ -148,7 +149,7 @@ def test_watch_of_an_unknown_group_exits_1(
 def test_watch_falls_back_to_polling_when_the_realtime_subscription_fails(
     app_config: Config, watch_env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pytest.importorskip("supabase", reason="the optional supabase extra is not installed")
+    require_module("supabase", "the supabase library: pip install -e '.[test]'")
     from tests.pgbouncer import free_port
 
     with live_app(app_config) as server:
@@ -173,18 +174,11 @@ def test_watch_falls_back_to_polling_when_the_realtime_subscription_fails(
 
 # -- Supabase Realtime, live (opt-in) ---------------------------------------------------------
 
-LIVE_VARS = ("SUPABASE_URL", "SUPABASE_ANON_KEY", "THUMBQ_USER_JWT", "SUPABASE_DB_URL")
 
-
+# Skipped by conftest unless pgtools.SUPABASE_LIVE_VARS are set (in CI too: no project there).
 @pytest.mark.supabase
-@pytest.mark.skipif(
-    not all(os.environ.get(v) for v in LIVE_VARS),
-    reason="needs a live Supabase project with thumbq's migrations pushed: set "
-    + ", ".join(LIVE_VARS)
-    + " (THUMBQ_USER_JWT: a signed-in user's access token; SUPABASE_DB_URL: its database)",
-)
 def test_watch_follows_the_private_group_topic_over_supabase_realtime() -> None:
-    pytest.importorskip("supabase", reason="pip install -e '.[supabase]'")
+    require_module("supabase", "the supabase library: pip install -e '.[supabase]'")
     user_jwt = os.environ["THUMBQ_USER_JWT"]
     sub = jwt.decode(user_jwt, options={"verify_signature": False})["sub"]
     group = f"watch-live-{uuid.uuid4().hex[:8]}"

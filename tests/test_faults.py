@@ -44,6 +44,7 @@ from bench.harness import (
 )
 from tests.faultkit import overlapping, processes_with, put_counts, read_log, renders
 from tests.liveapp import call, live_app
+from tests.pgtools import require
 from worker import db
 from worker.batch import VT_MARGIN_S, run_batch
 from worker.config import Config
@@ -238,12 +239,11 @@ def test_a_worker_killed_anywhere_loses_nothing_and_no_file_is_rendered_twice_at
 
     assert exits == [0, 0], [w.out.read_text()[-2000:] for w in workers]
     assert len(kills) == n_kills, "the work ran out before every kill landed"
-    assert statuses["pending"] == statuses["processing"] == 0
-    assert sum(statuses.values()) == n_files
-    # A job whose lease was lost max_attempts times is dead-lettered, never left hanging.
-    assert set(statuses) <= {"completed", "failed"}
-    assert {r["error_code"] for r in failed} <= {"lease_expired"}
-    assert checked == statuses["completed"]
+    # Every job completes once the killed runs' leases come back (docs/reliability.md): a lost
+    # lease comes back after 23 s and the kills end within about 30 s, so a job loses at most
+    # two, fewer than max_attempts (3). None may end failed (lease_expired) or anything else.
+    assert statuses == {"completed": n_files}, (dict(statuses), figures["failed_by_code"])
+    assert checked == n_files
     assert overlapping(attempts) == []
     # Past its lease, a job is picked up by the next claim: within one run (+ polling slack).
     assert overdue <= BUDGET_MS / 1000 + 2
@@ -638,8 +638,7 @@ def test_a_stalled_database_answers_503_within_the_budget_and_frees_the_batch_lo
         storage.put(f"deck/{i:02d}.pdf", vector_pdf(i, draws=150), "application/pdf")
         items.append({"source_key": f"deck/{i:02d}.pdf"})
     with db.connect(db_url) as admin:
-        if not local_backend(admin):
-            pytest.skip("the database server is not a local process we may signal")
+        require(local_backend(admin), "the database server is not a local process we may signal")
         enqueue(admin, storage, config, items, "http")
         with live_app(config, db_timeout_s=1.0) as srv:
             url = f"{srv.url}/api/thumbnails/batch-generate"

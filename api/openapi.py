@@ -1,7 +1,8 @@
 """GET /api/openapi.json: the OpenAPI 3.1 description of every route, written by hand.
 
-A module that adds routes (the progress page in `api/pages.py`) may export `openapi_paths`, a
-dict of OpenAPI path items, which is merged in; a test checks that every route is described.
+A module that adds routes (the progress page in `api/pages.py`, the operator page in
+`api/operator.py`) may export `openapi_paths`, a dict of OpenAPI path items, which is merged in;
+a test checks that every route is described.
 """
 
 from __future__ import annotations
@@ -1231,10 +1232,11 @@ PATHS.update(_JOB_PATHS)
 def spec() -> dict[str, Any]:
     """The whole OpenAPI 3.1 document (a fresh copy)."""
     paths = copy.deepcopy(PATHS)
-    if importlib.util.find_spec("api.pages") is not None:
-        extra = getattr(importlib.import_module("api.pages"), "openapi_paths", None)
-        if isinstance(extra, dict):
-            paths.update(copy.deepcopy(extra))
+    for module in ("api.pages", "api.operator"):
+        if importlib.util.find_spec(module) is not None:
+            extra = getattr(importlib.import_module(module), "openapi_paths", None)
+            if isinstance(extra, dict):
+                paths.update(copy.deepcopy(extra))
     return {
         "openapi": "3.1.0",
         "info": {

@@ -176,6 +176,15 @@ select id from thumbq.jobs
 -- its job fits in the caller's wait (a small table: kinds x size classes).
 select kind, size_class, samples, ewma_ms, max_ms from thumbq.render_stats
 
+-- Operator page (api/operator.py, sql/013_operator.sql) ------------------------------------
+
+-- name: operator_overview
+select thumbq.operator_overview(%(limit)s) as overview
+
+-- name: replay_dead_letters
+-- job_ids null: every dead-lettered job.
+select thumbq.replay_dead_letters(%(job_ids)s::bigint[]) as replayed
+
 -- Operations: metrics and webhook events (sql/012_operations.sql) ---------------------------
 
 -- name: metrics

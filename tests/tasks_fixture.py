@@ -86,3 +86,55 @@ def segment(ctx: TaskContext, payload: dict[str, Any]) -> Any:
     with open(log, "a") as f:
         f.write(json.dumps({**job, "at": "end", "t": time.time()}) + "\n")
     return {"seq": payload["seq"]}
+
+
+@task("overrun_thread", runs_in="thread")
+def overrun_thread(ctx: TaskContext, payload: dict[str, Any]) -> Any:
+    """Sleeps `sleep_s` whatever its deadline says (a thread cannot be stopped), logging when it
+    starts and ends."""
+    log = payload["log"]
+    with open(log, "a") as f:
+        f.write(json.dumps({"at": "start", "t": time.time()}) + "\n")
+    time.sleep(payload["sleep_s"])
+    with open(log, "a") as f:
+        f.write(json.dumps({"at": "end", "t": time.time()}) + "\n")
+    return {"slept_s": payload["sleep_s"]}
+
+
+@task("checkpoint_then_overrun")
+def checkpoint_then_overrun(ctx: TaskContext, payload: dict[str, Any]) -> Any:
+    """Checkpoints its first step, then takes longer than its deadline over the second (a step
+    that took longer than it looked): killed at the deadline. Resumed, it finishes at once."""
+    if ctx.state is not None:
+        return {"resumed_from": ctx.state}
+    ctx.checkpoint({"step": 1})
+    end = time.monotonic() + ctx.remaining_ms() / 1000 + 5
+    while time.monotonic() < end:
+        pass
+    return {"never": "reached"}
+
+
+def _unsaved_checkpoint(ctx: TaskContext, payload: Any) -> Any:
+    """A checkpoint that Postgres refuses (a NUL character, which jsonb cannot hold): says
+    whether `ctx.checkpoint` raised, and what."""
+    try:
+        ctx.checkpoint({"name": "nul\x00here"})
+    except Exception as exc:
+        return {"raised": type(exc).__name__, "code": getattr(exc, "code", None)}
+    return {"raised": None}
+
+
+task("unsaved_checkpoint")(_unsaved_checkpoint)
+task("unsaved_checkpoint_thread", runs_in="thread")(_unsaved_checkpoint)
+
+
+@task("progress_burst", runs_in="thread")
+def progress_burst(ctx: TaskContext, payload: dict[str, Any]) -> Any:
+    """Reports progress every 10 ms for `burst_s`, then a last value right away, and returns."""
+    end, i = time.monotonic() + payload["burst_s"], 0
+    while time.monotonic() < end:
+        i += 1
+        ctx.progress(i)
+        time.sleep(0.01)
+    ctx.progress(payload["last"])
+    return {"calls": i + 1}

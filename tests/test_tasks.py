@@ -4,6 +4,7 @@ strict order per ordering key under concurrent invocations that get killed."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -197,7 +198,7 @@ def test_a_handler_whose_process_was_slow_to_start_still_stops_before_the_kill(
             # A cold zygote (0.3 s quiet, 0.7 s and more beside the suite) and the 0.8 s
             # import come first: 3 s leaves the handler about a second either way.
             timeout_s=3.0,
-            on_save=lambda state, done, total: saves.append(state),
+            on_save=lambda state, done, total: saves.append(state) or True,
             is_cancelled=lambda: False,
         )
         took_s = time.monotonic() - started
@@ -338,3 +339,102 @@ def test_order_holds_under_four_concurrent_invocations_with_sigkills(
                 open_seq = e["seq"]
             elif e["seq"] == open_seq:
                 open_seq = None
+
+
+def test_a_thread_handler_that_ignores_its_deadline_never_runs_twice_at_once(
+    tconfig: Config, conn: db.Conn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (issue 20, item 2): a thread cannot be killed, and one left behind at the
+    deadline lost its job when its lease ended: the next claim ran it a second time alongside.
+    Now it keeps its job (the lease renewed) until it ends, and its result is recorded then."""
+    import worker.batch
+
+    # Leases end 1 s after a batch's budget (20 s in production), so that batches run past
+    # the first lease within the test.
+    monkeypatch.setattr(worker.batch, "VT_MARGIN_S", 1)
+    log = tmp_path / "overrun.log"
+    payload = {"log": str(log), "sleep_s": 6}
+    (job,) = Queue(conn).enqueue_jobs([{"task": "overrun_thread", "payload": payload}], "g")
+    config = tconfig.with_(budget_ms=1500, buffer_ms=500)  # a lease of 2 s + 1 s
+    started = time.monotonic()
+    runs = []
+    while time.monotonic() - started < 12:
+        runs.append(batch(config, conn))
+        if Queue(conn).job(job["job_id"])["status"] == "completed":
+            break
+        time.sleep(0.1)
+    took = time.monotonic() - started
+    starts = [json.loads(line)["at"] for line in log.read_text().splitlines()]
+    assert starts.count("start") == 1, starts
+    assert len(runs) >= 4 and took >= 6  # batches went on well past the first lease
+    assert all(r.duration_ms <= 1000 + 300 for r in runs)  # none waited for the thread
+    row = Queue(conn).job(job["job_id"])
+    assert (row["status"], row["attempts"], row["result"]) == ("completed", 1, {"slept_s": 6})
+
+
+def test_a_checkpointing_handler_killed_at_its_deadline_uses_no_attempt(
+    tconfig: Config, conn: db.Conn
+) -> None:
+    """Regression (issue 20, item 14): a handler that saved a checkpoint and was then killed
+    at the deadline was charged an attempt and waited a 30-60 s backoff. It made progress: it
+    is handed back like a checkpoint, and the next invocation resumes it at once."""
+    (job,) = Queue(conn).enqueue_jobs([{"task": "checkpoint_then_overrun"}], "g")
+    config = tconfig.with_(budget_ms=3000, buffer_ms=1000)
+    first = batch(config, conn)
+    row = Queue(conn).job(job["job_id"])
+    assert (row["status"], row["attempts"], row["error_code"]) == ("pending", 0, None), row
+    assert row["state"] == {"step": 1} and row["next_attempt_at"] is None
+    assert first.checkpointed == 1 and first.duration_ms <= 2000 + 300
+    second = batch(config, conn)  # no backoff to wait out
+    row = Queue(conn).job(job["job_id"])
+    assert second.succeeded == 1
+    assert (row["status"], row["attempts"]) == ("completed", 1)
+    assert row["result"] == {"resumed_from": {"step": 1}}
+
+
+@pytest.mark.parametrize("task", ["unsaved_checkpoint", "unsaved_checkpoint_thread"])
+def test_a_checkpoint_that_postgres_refuses_raises_in_the_handler(
+    tconfig: Config, conn: db.Conn, task: str
+) -> None:
+    """Regression (issue 20, item 13): a failed checkpoint write was reported as saved, so a
+    handler went on believing a crash would resume from it. Postgres refuses this state (a NUL
+    character in jsonb): the handler's ctx.checkpoint raises CheckpointNotSaved."""
+    (job,) = Queue(conn).enqueue_jobs([{"task": task}], "g")
+    assert batch(tconfig, conn).succeeded == 1
+    row = Queue(conn).job(job["job_id"])
+    assert row["result"] == {"raised": "CheckpointNotSaved", "code": "checkpoint_not_saved"}
+    assert row["state"] is None and row["checkpoints"] == 0
+
+
+def test_progress_is_written_at_most_every_half_second_and_the_last_value_with_the_outcome(
+    tconfig: Config, conn: db.Conn
+) -> None:
+    """A handler reports progress every 10 ms: the job row (and its group's, which Realtime
+    follows) is written at most every 0.5 s while it runs, and the last value reported, never
+    written while it ran, is the one the finished job shows."""
+    conn.execute(
+        "create table progress_writes (at timestamptz not null default clock_timestamp(),"
+        " done bigint, status text)"
+    )
+    conn.execute(
+        "create function log_progress() returns trigger language plpgsql as $$ begin"
+        " insert into progress_writes (done, status) values (new.progress_done, new.status);"
+        " return new; end $$"
+    )
+    conn.execute(
+        "create trigger progress_writes after update on thumbq.jobs for each row"
+        " when (old.progress_done is distinct from new.progress_done)"
+        " execute function log_progress()"
+    )
+    payload = {"burst_s": 1.6, "last": 100_000}
+    (job,) = Queue(conn).enqueue_jobs([{"task": "progress_burst", "payload": payload}], "g")
+    assert batch(tconfig, conn).succeeded == 1
+    writes = conn.execute("select at, done, status from progress_writes order by at").fetchall()
+    # While it reported (the last value goes with the outcome, below): 1.6 s of reports are
+    # written at 0, 0.5, 1.0 and 1.5 s at most.
+    running = [w for w in writes if w["done"] != payload["last"]]
+    assert 2 <= len(running) <= 4 and writes[-1]["done"] == payload["last"], writes
+    gaps = [(b["at"] - a["at"]).total_seconds() for a, b in itertools.pairwise(running)]
+    assert all(gap >= 0.45 for gap in gaps), gaps
+    row = Queue(conn).job(job["job_id"])
+    assert (row["status"], row["progress_done"]) == ("completed", 100_000)

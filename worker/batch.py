@@ -177,9 +177,8 @@ def run_batch(
         for t in threads:
             t.start()
         for t in threads:
-            # A task handler running in a thread cannot be killed: one that ignores
-            # ctx.remaining_ms() is left behind (its job keeps its lease) so that the answer
-            # still comes in time.
+            # A worker never waits on a thread task's handler past the deadline (one still
+            # running is left to the keeper, worker.overrun); this bounds any other stall.
             t.join(max(budget.end_call_ms(RELEASE_MS), 0.0) / 1000)
         stuck = sum(t.is_alive() for t in threads)
         if stuck:

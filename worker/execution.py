@@ -2,9 +2,10 @@
 
 Thumbnails: fetch the source, render it in a child process (a cheaper, degraded render when the
 first overruns its share of the window), store every size, record the job. Tasks: the handler
-runs in a child process (killed at the deadline, like a render) or in the calling worker thread
-(`runs_in="thread"`), with a TaskContext whose checkpoints, progress and cancellation checks go
-to the database.
+runs in a child process (killed at the deadline, like a render) or on a thread of its own
+(`runs_in="thread"`: one that overruns the deadline keeps its job until it ends,
+worker.overrun), with a TaskContext whose checkpoints, progress and cancellation checks go to
+the database.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from worker import tasks
+from worker import db, tasks
 from worker.budget import RECORD_MS, Budget, Predictor
 from worker.claiming import job_kind
-from worker.errors import UNSUPPORTED_TASK, ThumbqError
+from worker.errors import RENDER_TIMEOUT, UNSUPPORTED_TASK, ThumbqError
+from worker.log import log_event
+from worker.overrun import Ending, HandlerThread, Keeper, keeper_for
 from worker.queue import ClaimedJob, Queue
 from worker.recording import FAIR_SHARE, Recorder, bound
 from worker.retry import Failure
@@ -32,6 +35,9 @@ if TYPE_CHECKING:
 # gets the rest, rather than the item failing `render_timeout` (items that started late get no
 # such fallback: they are released and get a whole window next time).
 DEGRADE_AT = 0.75
+# A thread handler is waited for this long past the deadline it was given (a checkpoint it
+# returns at its last moment); one still running then is left to the keeper (worker.overrun).
+THREAD_GRACE_MS = 50.0
 
 
 def thumbnail_key(source_key: str, etag: str, size: int, ext: str) -> str:
@@ -40,20 +46,40 @@ def thumbnail_key(source_key: str, etag: str, size: int, ext: str) -> str:
     return f"thumbnails/{source_key}/{safe}-{size}.{ext}"
 
 
-class _ThreadBackend:
-    """A thread task's context backend: saves and cancellation checks through the recorder."""
+class _TaskBackend:
+    """A task context's backend in the worker: saves and cancellation checks through the
+    invocation's recorder, or through the keeper once the invocation left the thread handler
+    running (worker.overrun). It remembers whether this run saved a checkpoint: a handler killed
+    at the deadline after one is handed back like a checkpoint, with no attempt used."""
 
     def __init__(self, recorder: Recorder, job: ClaimedJob) -> None:
         self.recorder = recorder
         self.job = job
-        self._gone = False
+        self.checkpointed = False  # a checkpoint with a new state was written in this run
+        self.progress: tuple[int, int | None] | None = None  # the last progress written
+        self._keeper: Keeper | None = None
 
-    def save(self, state: Any | None, done: int | None, total: int | None) -> None:
-        if not self.recorder.save(self.job, state, done, total):
-            self._gone = True
+    def save(self, state: Any | None, done: int | None, total: int | None) -> bool:
+        keeper = self._keeper
+        if keeper is not None:
+            saved = keeper.save(self.recorder.worker_id, self.job, state, done, total)
+        else:
+            saved = self.recorder.save(self.job, state, done, total)
+        if saved and state is not None:
+            self.checkpointed = True
+        if saved and done is not None:
+            self.progress = (done, total)
+        return saved
 
     def cancelled(self) -> bool:
-        return self._gone or self.recorder.is_cancelled(self.job)
+        keeper = self._keeper
+        if keeper is not None:
+            return keeper.is_cancelled(self.job)
+        return self.recorder.is_cancelled(self.job)
+
+    def hand_to(self, keeper: Keeper) -> None:
+        """From now on the handler's saves and checks go through `keeper`."""
+        self._keeper = keeper
 
 
 class Executor:
@@ -216,48 +242,67 @@ class Executor:
                 "defines it",
             )
         started = time.monotonic()
+        backend = _TaskBackend(self.recorder, job)
         self.recorder.started(job)
         try:
             if registered.runs_in == "thread":
-                checkpoint, value, progress, error = self._in_thread(registered, job)
+                ending = self._in_thread(registered, job, backend)
+                if ending is None:
+                    return "overran"
             else:
-                checkpoint, value, progress, error = self._in_process(job)
+                ending = self._in_process(job, backend)
+        except ThumbqError as exc:
+            if exc.code == RENDER_TIMEOUT and backend.checkpointed:
+                # Killed at the deadline after a checkpoint of this run: it made progress and
+                # is resumed from it, like a handler that returned its checkpoint (no attempt,
+                # no backoff; the state saved last is kept).
+                return self.recorder.checkpointed(job, None, None)
+            raise
         finally:
             self.recorder.ended(job)
-        if error is not None:
-            return self.recorder.failure(job, error)
-        if checkpoint:
-            return self.recorder.checkpointed(job, value, progress)
+        if ending.failure is not None:
+            return self.recorder.failure(job, ending.failure)
+        if ending.checkpoint:
+            return self.recorder.checkpointed(job, ending.value, ending.progress)
+        last = ending.progress
+        if last is not None and last[1] is None and last != backend.progress:
+            # The last progress goes with the outcome: a completion fills in the total, and
+            # with no total only this write shows how far the handler got.
+            backend.save(None, *last)
         ms = (time.monotonic() - started) * 1000
         self.predictor.observe(*job_kind(job), ms)
         self.recorder.done(
-            {"job_id": job.id, "msg_id": job.msg_id, "result": value, "duration_ms": round(ms)}
+            {
+                "job_id": job.id,
+                "msg_id": job.msg_id,
+                "result": ending.value,
+                "duration_ms": round(ms),
+            }
         )
         return "succeeded"
 
     def _in_thread(
-        self, registered: tasks.Task, job: ClaimedJob
-    ) -> tuple[bool, Any, tuple[int, int | None] | None, Failure | None]:
-        ctx = tasks.TaskContext(
-            job.as_dict(),
-            self.budget.deadline,
-            _ThreadBackend(self.recorder, job),
-            self.budget.clock,
+        self, registered: tasks.Task, job: ClaimedJob, backend: _TaskBackend
+    ) -> Ending | None:
+        """Run the handler on a thread of its own until the deadline (and THREAD_GRACE_MS, for
+        a checkpoint returned at the last moment). One still running then cannot be stopped:
+        it is handed to the process's keeper, which holds its job until it ends (None)."""
+        ctx = tasks.TaskContext(job.as_dict(), self.budget.deadline, backend, self.budget.clock)
+        handler = HandlerThread(registered, ctx)
+        handler.start()
+        ending = handler.wait(self.budget.remaining_ms(THREAD_GRACE_MS) / 1000)
+        if ending is not None:
+            return ending
+        keeper = keeper_for(db.database_url(self.config))
+        backend.hand_to(keeper)
+        keeper.adopt(job, self.recorder.worker_id, handler)
+        self.recorder.errors.append(
+            f"job {job.id}'s thread handler ran past the deadline: it keeps its job until it ends"
         )
-        try:
-            value = registered.fn(ctx, job.payload)
-        except tasks.PermanentError as exc:
-            return False, None, None, Failure(exc.code, exc.message, True)
-        except tasks.TransientError as exc:
-            return False, None, None, Failure(exc.code, exc.message, False)
-        if isinstance(value, tasks.Checkpoint):
-            return True, value.state, ctx.last_progress(), None
-        return False, value, ctx.last_progress(), None
+        log_event("task_overran", worker_id=self.recorder.worker_id, job_id=job.id)
+        return None
 
-    def _in_process(
-        self, job: ClaimedJob
-    ) -> tuple[bool, Any, tuple[int, int | None] | None, Failure | None]:
-        backend = _ThreadBackend(self.recorder, job)
+    def _in_process(self, job: ClaimedJob, backend: _TaskBackend) -> Ending:
         reply = self.pool.run_task(
             job.task,
             job.as_dict(),
@@ -267,7 +312,7 @@ class Executor:
         )
         if not reply.ok:
             failure = Failure(reply.code or "internal", reply.message or "", reply.permanent)
-            return False, None, None, failure
+            return Ending(failure=failure)
         if reply.checkpoint:
-            return True, reply.state, reply.progress, None
-        return False, reply.result, reply.progress, None
+            return Ending(checkpoint=True, value=reply.state, progress=reply.progress)
+        return Ending(value=reply.result, progress=reply.progress)

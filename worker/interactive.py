@@ -3,7 +3,7 @@
 
 The parts of a batch (worker.batch), for one job: it is claimed with the same lease and rate
 limit (`Queue.claim_job`), run by the Executor (the thumbnail pipeline or the task's handler in a
-render process, or a thread task's handler in the calling thread) and recorded by the Recorder,
+render process, or a thread task's handler on a thread of its own) and recorded by the Recorder,
 under a Budget whose deadline is the end of the wait. Recording gets the same reserve after the
 deadline as a batch's end (worker.budget), so the answer comes within `wait_ms` + about 0.3 s.
 
@@ -13,7 +13,9 @@ behind an earlier job of its ordering key or for its retry (`not_ready`), the du
 for its kind say it would not fit (`too_long`), or it was cut at the deadline (`timeout`: handed
 back at once, its attempt and token given back, for the next batch). A handler that checkpoints
 is resumed by a later batch (`checkpointed`); a transient failure retries with backoff
-(`retrying`).
+(`retrying`). A thread handler still running at the end of the wait cannot be stopped: it keeps
+its job (its lease renewed) until it ends, and its outcome is recorded then (`running`,
+worker.overrun).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ REASONS = (
     "checkpointed",
     "retrying",
     "unrecorded",
+    "running",
 )
 
 
@@ -196,6 +199,13 @@ def run_job(
             True,
             "checkpointed",
             "its handler checkpointed within the wait: a later batch resumes it",
+        )
+    if outcome == "overran":
+        return answer(
+            True,
+            "running",
+            f"its handler was still running at the end of the {wait_ms} ms waited: it keeps "
+            "the job (its lease is renewed) until it ends, and its outcome is recorded then",
         )
     if outcome == "retried":
         return answer(True, "retrying", "it failed and will be retried with backoff")

@@ -27,6 +27,9 @@ FLUSH_EVERY_S = 0.25
 FAIR_SHARE = 0.5
 # Which running jobs were cancelled is asked at most this often, for all of them in one query.
 CANCEL_POLL_S = 0.25
+# A running job's progress write waits at most this long (a row held elsewhere): progress is
+# tried again at the handler's next report, and its last value goes with the outcome.
+PROGRESS_BOUND_MS = 250.0
 # Cut at the deadline: the item had less time than it needed, which says nothing of the file.
 CUT_AT_DEADLINE = (RENDER_TIMEOUT, STORAGE_TIMEOUT)
 COUNTS = (
@@ -164,18 +167,27 @@ class Recorder:
 
     def save(self, job: ClaimedJob, state: Any | None, done: int | None, total: int | None) -> bool:
         """A running job's checkpoint or progress, written now (a checkpoint must survive a
-        crash right after it). False when the job is no longer this run's (cancelled)."""
+        crash right after it). True once written, or when the job is no longer this run's
+        (cancelled: `is_cancelled` says so from now on); False when the write failed, which a
+        checkpoint's handler is told (tasks.CheckpointNotSaved) and progress tries again.
+
+        A checkpoint gets the reserve after the deadline that an outcome gets: one sent just
+        before the deadline is the handler's last word, and must not be lost to the kill.
+        Progress gets at most PROGRESS_BOUND_MS: it is worth no more of the handler's time."""
+        if state is None:
+            call_bound = db.Bound(min(self.budget.remaining_ms(), PROGRESS_BOUND_MS))
+        else:
+            call_bound = bound(self.budget, RECORD_MS)
         try:
             r = self.queue.checkpoint(
-                self.worker_id, job, state, done, total, requeue=False, bound=bound(self.budget)
+                self.worker_id, job, state, done, total, requeue=False, bound=call_bound
             )
         except Exception as exc:
             self.errors.append(f"could not save job {job.id}: {exc}")
-            return True
+            return False
         if not r.get("owned"):
             with self.lock:
                 self._cancelled.add(job.id)
-            return False
         return True
 
     def checkpointed(

@@ -21,8 +21,10 @@ invocation without using an attempt. Raising `PermanentError` ends the job `fail
 
 `THUMBQ_TASKS=module[,module]` names the modules that define tasks; `thumbnail` is built in.
 Handlers run in the render child process by default (`runs_in="process"`: killed at the
-deadline and on a memory limit, like a render), or in a worker thread of the invocation
-(`runs_in="thread"`, for I/O-bound work), which must check `ctx.remaining_ms()` itself.
+deadline and on a memory limit, like a render), or on a thread of the invocation's process
+(`runs_in="thread"`, for I/O-bound work), which must check `ctx.remaining_ms()` itself: a
+thread cannot be stopped, and one still running at the deadline keeps its job until it ends
+(worker.overrun). `ctx.checkpoint` raises `CheckpointNotSaved` when its write failed.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ RUNS_IN = ("process", "thread")
 TASK_FAILED = "task_failed"
 TASK_ERROR = "task_error"
 UNSUPPORTED_TASK = "unsupported_task"
+CHECKPOINT_NOT_SAVED = "checkpoint_not_saved"
 
 
 class PermanentError(Exception):
@@ -62,6 +65,15 @@ class TransientError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+class CheckpointNotSaved(TransientError):
+    """`ctx.checkpoint(state)` could not write `state` (the database did not answer in time, or
+    failed): a crash now would resume from the checkpoint before. The handler may stop, or go on
+    and checkpoint again; uncaught, the attempt fails and retries with backoff."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, CHECKPOINT_NOT_SAVED)
 
 
 @dataclass(frozen=True)
@@ -189,7 +201,10 @@ class ContextBackend(Protocol):
     """Where a context's checkpoints, progress and cancellation checks go: the database from a
     worker thread, the parent over a socket from a child process."""
 
-    def save(self, state: Any | None, done: int | None, total: int | None) -> None: ...
+    def save(self, state: Any | None, done: int | None, total: int | None) -> bool:
+        """Write a checkpoint (`state` not None) or progress now; whether it was written (a job
+        cancelled meanwhile counts as written: `cancelled()` says the rest)."""
+        ...
 
     def cancelled(self) -> bool: ...
 
@@ -228,21 +243,27 @@ class TaskContext:
     def checkpoint(self, state: Any) -> Checkpoint:
         """Save `state` now; a later attempt (after a crash too) starts from it. Return the
         result to stop and be resumed by a later invocation without using an attempt."""
-        self.state = state
         done, total = self._progress or (None, None)
-        self._backend.save(state, done, total)
+        if not self._backend.save(state, done, total):
+            raise CheckpointNotSaved(
+                "the checkpoint could not be written: a crash now resumes from the one before"
+            )
+        self.state = state
         self._progress_saved_at = self._clock()
         return Checkpoint(state)
 
     def progress(self, done: int, total: int | None = None) -> None:
-        """Report progress (counts for the job, its group row and the progress endpoint)."""
+        """Report progress (counts for the job, its group row and the progress endpoint). It is
+        written at most every PROGRESS_EVERY_S; a write that fails is not the handler's error
+        and is tried again at the next call; the last value goes with the outcome anyway."""
         if done < 0 or (total is not None and total < 0):
             raise ValueError("progress counts cannot be negative")
         self._progress = (int(done), None if total is None else int(total))
         now = self._clock()
-        if now - self._progress_saved_at >= PROGRESS_EVERY_S:
+        if now - self._progress_saved_at >= PROGRESS_EVERY_S and self._backend.save(
+            None, self._progress[0], self._progress[1]
+        ):
             self._progress_saved_at = now
-            self._backend.save(None, self._progress[0], self._progress[1])
 
     def last_progress(self) -> tuple[int, int | None] | None:
         """The last progress reported, written or not yet."""

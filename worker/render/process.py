@@ -42,10 +42,12 @@ on it is a frame: an 8-byte big-endian unsigned length, then that many bytes.
   "content_type", "source_type", "renditions": [{"size", "width", "height", "length"}, ...],
   "thumbhash", "dominant_color", "degraded"}`, the renditions ascending by size, their bytes
   one after another in the second frame.
-- Tasks (worker.tasks, `runs_in="process"`): the worker sends a frame holding a JSON object
-  `{"task", "job", "deadline_in_s"}`. While the handler runs, the child sends frames
-  `{"kind": "save", "state"?, "done", "total"}` (a checkpoint or progress) and
-  `{"kind": "cancelled?"}`, and waits for the worker's answer `{"cancelled": bool}` to each. Its
+- Tasks (worker.tasks, `runs_in="process"`; the child's side is worker.sandbox): the worker
+  sends a frame holding a JSON object `{"task", "job", "deadline_in_s"}`. While the handler
+  runs, the child sends frames `{"kind": "save", "state"?, "done", "total"}` (a checkpoint or
+  progress) and
+  `{"kind": "cancelled?"}`, and waits for the worker's answer `{"cancelled": bool}` to each
+  (`"saved": bool` as well to a save: the child's ctx.checkpoint raises when it is false). Its
   reply ends as a render's does: a header `{"ok": true, "kind": "result", "result",
   "checkpoint": bool}` or an error header with `"permanent"`, then an empty frame.
 """
@@ -56,7 +58,6 @@ import contextlib
 import json
 import os
 import queue
-import re
 import resource
 import signal
 import socket
@@ -84,6 +85,7 @@ from worker.render import MemoryLimitExceeded, RenderOptions, Rendition, Thumbna
 
 if TYPE_CHECKING:
     from worker.render.office import OfficeConverter
+    from worker.sandbox import TaskReply
 
 _ZYGOTE_BOOT = (
     "import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
@@ -92,8 +94,6 @@ _ZYGOTE_BOOT = (
 _FRAME = struct.Struct("!Q")
 # A task's handler is told of a deadline this much before its process is killed.
 _TASK_GRACE_S = 0.15
-# What a task's error code may look like (it is stored and shown as is).
-_CODE_RE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 # How long close() lets an idle child or the zygote exit on its own before killing it.
 _STOP_GRACE_S = 0.5
 # After SIGKILL, how long to wait for the kernel to close the child's socket.
@@ -235,12 +235,15 @@ class RenderPool:
         job: dict[str, Any],
         *,
         timeout_s: float,
-        on_save: Callable[[Any | None, int | None, int | None], None],
+        on_save: Callable[[Any | None, int | None, int | None], bool],
         is_cancelled: Callable[[], bool],
     ) -> TaskReply:
-        """Run a task's handler in a child process (worker.tasks); kill it once `timeout_s`
+        """Run a task's handler in a child process (worker.sandbox); kill it once `timeout_s`
         passes (ThumbqError RENDER_TIMEOUT). `on_save(state, done, total)` records the
-        handler's checkpoints and progress as they come; `is_cancelled()` answers its checks."""
+        handler's checkpoints and progress as they come, and says whether it was written (the
+        child's ctx.checkpoint raises if not); `is_cancelled()` answers its checks."""
+        from worker.sandbox import TaskReply
+
         deadline = time.monotonic() + timeout_s
         if self._closed:
             raise RuntimeError("RenderPool is closed")
@@ -275,12 +278,19 @@ class RenderPool:
                 _send_frame(child.sock, request())
             while True:
                 header = json.loads(_recv_frame(child.sock, deadline, _MAX_HEADER))
+                answer = {}
                 if header.get("kind") == "save":
-                    on_save(header.get("state"), header.get("done"), header.get("total"))
+                    # A save that arrived before the kill is written and answered first, however
+                    # long that takes (on_save has the reserve after the deadline): a checkpoint
+                    # in flight at the deadline is not lost to the kill.
+                    answer["saved"] = on_save(
+                        header.get("state"), header.get("done"), header.get("total")
+                    )
                 elif header.get("kind") != "cancelled?":
                     _recv_frame(child.sock, deadline, 0)
                     break
-                _send_frame(child.sock, json.dumps({"cancelled": is_cancelled()}).encode())
+                answer["cancelled"] = is_cancelled()
+                _send_frame(child.sock, json.dumps(answer).encode())
             child.renders += 1
             if header.get("exit"):
                 self._kill(child)
@@ -560,46 +570,6 @@ def _optional_str(value: object, max_length: int) -> str | None:
     return value
 
 
-@dataclass(frozen=True)
-class TaskReply:
-    """How a task's handler ended in its child: a result, a checkpoint, or an error (`code`,
-    `message`, `permanent`)."""
-
-    ok: bool
-    checkpoint: bool = False
-    result: Any = None
-    state: Any = None
-    progress: tuple[int, int | None] | None = None
-    code: str | None = None
-    message: str | None = None
-    permanent: bool = False
-
-    @classmethod
-    def from_header(cls, header: dict[str, Any]) -> TaskReply:
-        """Read a child's final header as data (never as code), checking its shape."""
-        progress = header.get("progress")
-        if progress is not None:
-            done, total = progress
-            progress = (int(done), None if total is None else int(total))
-        if header.get("ok") is True:
-            return cls(
-                ok=True,
-                checkpoint=bool(header.get("checkpoint")),
-                result=header.get("result"),
-                state=header.get("state"),
-                progress=progress,
-            )
-        code = str(header.get("code") or INTERNAL)
-        if not _CODE_RE.fullmatch(code):
-            code = INTERNAL
-        return cls(
-            ok=False,
-            code=code,
-            message=str(header.get("message") or "")[:2000],
-            permanent=bool(header.get("permanent")),
-        )
-
-
 class _Overran(ThumbqError):
     """A render was stopped at its deadline (as opposed to never starting)."""
 
@@ -850,7 +820,9 @@ def _child_main(sock: socket.socket, opts: RenderOptions, memory_limit_mb: int) 
         except (EOFError, OSError):
             return
         if isinstance(request, dict):
-            header = _run_task(sock, request, memory_limit_mb)
+            from worker.sandbox import run_task
+
+            header = run_task(sock, request, memory_limit_mb)
             try:
                 _send_frame(sock, json.dumps(header).encode())
                 _send_frame(sock, b"")
@@ -926,88 +898,3 @@ def _recv_bytes(sock: socket.socket, size: int) -> bytes:
 
 def _memory_message(megabytes: int) -> str:
     return f"rendering exceeded the memory limit of {megabytes} MB"
-
-
-# -- tasks -----------------------------------------------------------------------------------------
-
-
-class _ChildBackend:
-    """A task context's backend in the child: every save and check is a question to the worker,
-    answered with whether the job was cancelled meanwhile."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self._cancelled = False
-
-    def _ask(self, message: dict[str, Any]) -> None:
-        _send_frame(self.sock, json.dumps(message).encode())
-        answer = json.loads(_recv_frame(self.sock, None, _MAX_HEADER))
-        self._cancelled = self._cancelled or bool(answer.get("cancelled"))
-
-    def save(self, state: Any | None, done: int | None, total: int | None) -> None:
-        message: dict[str, Any] = {"kind": "save", "done": done, "total": total}
-        if state is not None:
-            message["state"] = state
-        self._ask(message)
-
-    def cancelled(self) -> bool:
-        if not self._cancelled:
-            self._ask({"kind": "cancelled?"})
-        return self._cancelled
-
-
-def _run_task(sock: socket.socket, request: dict[str, Any], memory_limit_mb: int) -> dict[str, Any]:
-    """Run one task's handler in this child; the reply header."""
-    from worker import tasks
-
-    def error(code: str, message: str, *, permanent: bool, exits: bool) -> dict[str, Any]:
-        return {
-            "ok": False,
-            "code": code,
-            "message": message[:2000],
-            "permanent": permanent,
-            "exit": exits,
-        }
-
-    name = str(request.get("task"))
-    registered = tasks.REGISTRY.get(name)
-    if registered is None:
-        return error(
-            tasks.UNSUPPORTED_TASK,
-            f"no handler for task {name!r} in the render process (THUMBQ_TASKS)",
-            permanent=True,
-            exits=False,
-        )
-    deadline = time.monotonic() + float(request["deadline_in_s"])
-    ctx = tasks.TaskContext(request["job"], deadline, _ChildBackend(sock))
-    try:
-        value = registered.fn(ctx, ctx.payload)
-        # The last progress reported goes with the outcome.
-        last = ctx.last_progress()
-        if isinstance(value, tasks.Checkpoint):
-            return {
-                "ok": True,
-                "kind": "result",
-                "checkpoint": True,
-                "state": value.state,
-                "progress": last,
-            }
-        json.dumps(value)  # a result the database cannot store fails here, as the handler's
-        return {
-            "ok": True,
-            "kind": "result",
-            "checkpoint": False,
-            "result": value,
-            "progress": last,
-        }
-    except (MemoryLimitExceeded, MemoryError):
-        return error(TOO_LARGE, _memory_message(memory_limit_mb), permanent=True, exits=True)
-    except tasks.PermanentError as exc:
-        return error(exc.code, exc.message, permanent=True, exits=False)
-    except tasks.TransientError as exc:
-        return error(exc.code, exc.message, permanent=False, exits=False)
-    except (EOFError, OSError) as exc:
-        # The worker went away (or killed the job): nothing to report to.
-        return error(INTERNAL, f"lost the worker: {exc}", permanent=False, exits=True)
-    except Exception as exc:
-        return error(INTERNAL, f"{type(exc).__name__}: {exc}", permanent=False, exits=False)

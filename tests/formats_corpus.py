@@ -595,6 +595,124 @@ def image_heavy_pdf(draws: int = 2_000) -> bytes:
     return build_pdf(objects)
 
 
+# -- legacy binary office (OLE2 compound files) ----------------------------------------------------
+
+_OLE2_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"
+_SUMMARY_FMTID = bytes.fromhex("e0859ff2f94f6810ab9108002b27b3d9")
+
+
+def ole2_file(streams: dict[str, bytes]) -> bytes:
+    """A version 3 compound file holding `streams` (each padded with zeros to at least 4 KiB, so
+    that none lives in the mini stream): the container of .doc, .xls and .ppt files."""
+    sector = 512
+    names = list(streams)
+    bodies = [
+        data.ljust(max(4096, -(-len(data) // sector) * sector), b"\0") for data in streams.values()
+    ]
+    dir_sectors = -(-(len(names) + 1) // 4)
+    fat: list[int] = [0xFFFFFFFD]  # sector 0 holds the FAT itself
+    for i in range(dir_sectors):
+        fat.append(len(fat) + 1 if i < dir_sectors - 1 else 0xFFFFFFFE)
+    starts = []
+    for body in bodies:
+        n = len(body) // sector
+        starts.append(len(fat))
+        fat.extend([len(fat) + 1 + i for i in range(n - 1)] + [0xFFFFFFFE])
+    assert len(fat) <= 128, "one FAT sector only"
+    fat += [0xFFFFFFFF] * (128 - len(fat))
+
+    def entry(name: str, kind: int, child: int, right: int, start: int, size: int) -> bytes:
+        encoded = (name + "\0").encode("utf-16-le")
+        return (
+            encoded.ljust(64, b"\0")
+            + struct.pack("<HBBIII", len(encoded), kind, 1, 0xFFFFFFFF, right, child)
+            + b"\0" * 36
+            + struct.pack("<IQ", start, size)
+        )
+
+    directory = entry("Root Entry", 5, 1 if names else 0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFE, 0)
+    for i, name in enumerate(names):
+        right = i + 2 if i + 1 < len(names) else 0xFFFFFFFF
+        directory += entry(name, 2, 0xFFFFFFFF, right, starts[i], len(bodies[i]))
+    directory = directory.ljust(dir_sectors * sector, b"\0")
+    header = (
+        _OLE2_MAGIC
+        + b"\0" * 16
+        + struct.pack("<HHHHH", 0x3E, 3, 0xFFFE, 9, 6)
+        + b"\0" * 6
+        + struct.pack("<IIIIIIIIII", 0, 1, 1, 0, 4096, 0xFFFFFFFE, 0, 0xFFFFFFFE, 0, 0)
+    )
+    header = header[:0x4C] + struct.pack("<I", 0) + b"\xff" * (4 * 108)
+    header = header.ljust(sector, b"\0")
+    return header + struct.pack("<128I", *fat) + directory + b"".join(bodies)
+
+
+def _summary_with_thumbnail(picture: Image.Image) -> bytes:
+    """A SummaryInformation property set whose thumbnail (PIDSI_THUMBNAIL) is a DIB."""
+    out = io.BytesIO()
+    picture.convert("RGB").save(out, "BMP")
+    dib = out.getvalue()[14:]
+    value = struct.pack("<IIiI", 71, 8 + len(dib), -1, 8) + dib
+    section = struct.pack("<IIII", 16 + len(value), 1, 0x11, 16) + value
+    return (
+        struct.pack("<HHI", 0xFFFE, 0, 0)
+        + b"\0" * 16
+        + struct.pack("<I", 1)
+        + _SUMMARY_FMTID
+        + struct.pack("<I", 48)
+        + section
+    )
+
+
+def _word_fib(encrypted: bool) -> bytes:
+    """The start of a WordDocument stream: a FIB whose flags say whether it is encrypted."""
+    flags = 0x0100 if encrypted else 0  # fEncrypted
+    return struct.pack("<6H", 0xA5EC, 0xC1, 0, 0x0409, 0, flags) + b"\0" * 20
+
+
+@functools.cache
+def doc_with_summary_thumbnail() -> bytes:
+    """A Word 97 file LibreOffice cannot read (its text is missing) that stores a red and blue
+    preview in SummaryInformation."""
+    picture = Image.open(io.BytesIO(quadrant_png(64, 48)))
+    return ole2_file(
+        {
+            "WordDocument": _word_fib(False),
+            "\x05SummaryInformation": _summary_with_thumbnail(picture),
+        }
+    )
+
+
+def encrypted_doc() -> bytes:
+    return ole2_file({"WordDocument": _word_fib(True)})
+
+
+def encrypted_xls() -> bytes:
+    bof = struct.pack("<HH", 0x0809, 16) + b"\0" * 16
+    filepass = struct.pack("<HH", 0x002F, 6) + b"\1\0\1\0\1\0"
+    return ole2_file({"Workbook": bof + filepass})
+
+
+def encrypted_ppt() -> bytes:
+    current_user = struct.pack("<HHII", 0, 0x0FF6, 20, 20) + struct.pack("<I", 0xF3D1C4DF)
+    return ole2_file({"PowerPoint Document": b"\0" * 64, "Current User": current_user})
+
+
+def encrypted_ooxml() -> bytes:
+    """A DOCX saved with a password: an OLE2 container whose EncryptedPackage is the ZIP."""
+    return ole2_file({"EncryptionInfo": b"\4\0\4\0" + b"\0" * 60, "EncryptedPackage": b"\0" * 64})
+
+
+def rtf_letter() -> bytes:
+    """A short letter in RTF, written by hand."""
+    lines = "".join(
+        f"\\par Line {i}: the quick brown fox jumps over the lazy dog." for i in range(30)
+    )
+    return (
+        "{\\rtf1\\ansi\\deff0{\\fonttbl{\\f0 Helvetica;}}\\f0\\fs24 {\\b Report}" + lines + "}"
+    ).encode()
+
+
 # -- the tables ------------------------------------------------------------------------------------
 
 

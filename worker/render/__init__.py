@@ -6,10 +6,11 @@ that are killed at a deadline or on a memory limit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from worker.errors import CORRUPT_INPUT, TOO_LARGE, UNSUPPORTED_TYPE, ThumbqError
+from worker.errors import CORRUPT_INPUT, ENCRYPTED_INPUT, TOO_LARGE, UNSUPPORTED_TYPE, ThumbqError
 from worker.render.sniff import (
+    ENCRYPTED_OFFICE,
     IMAGE_FORMATS,
     MUPDF_FORMATS,
     OFFICE_TYPES,
@@ -43,6 +44,14 @@ class RenderOptions:
     # Modules of THUMBQ_TASKS: imported once by the zygote, so that its children run their
     # handlers (tasks that run in a process).
     tasks: tuple[str, ...] = ()
+    # "contain": the whole picture inside each box; "cover": a square of each box, cut where the
+    # picture's most salient part is (documents: the top of the page).
+    fit: str = "contain"
+    # Pages 1..`pages` of a multi-page document each get a thumbnail (page 1 is `pdf_page`).
+    pages: int = 1
+    # Set by render() for `cover`: the squares to cut, while `size` is the larger box the
+    # renderer fits the picture into so that its shorter side still fills the largest square.
+    crop_sizes: tuple[int, ...] = ()
 
     def all_sizes(self) -> tuple[int, ...]:
         """The sizes to make, ascending, without duplicates."""
@@ -51,12 +60,14 @@ class RenderOptions:
 
 @dataclass(frozen=True)
 class Rendition:
-    """One size of a thumbnail: the box it was made for, its bytes and its pixel size."""
+    """One size of a thumbnail: the box it was made for, its bytes and its pixel size, and the
+    page of the document it shows (1 for anything that is not a multi-page document)."""
 
     size: int
     data: bytes
     width: int
     height: int
+    page: int = 1
 
 
 @dataclass(frozen=True)
@@ -69,6 +80,7 @@ class Thumbnail:
     width: int
     height: int
     source_type: str  # the sniffed type of the source, e.g. "application/pdf"
+    # Page 1's sizes ascending, then each further page's (RenderOptions.pages).
     renditions: tuple[Rendition, ...] = field(default=())
     thumbhash: str | None = None  # base64 ThumbHash, a ~25-byte blurred placeholder
     dominant_color: str | None = None  # "#rrggbb"
@@ -94,6 +106,14 @@ def render(data: bytes, declared_type: str | None, opts: RenderOptions) -> Thumb
             TOO_LARGE, f"file is {len(data):,} bytes, over the limit of {opts.max_bytes:,}"
         )
     detected = sniff(data)
+    if opts.fit == "cover" and not opts.crop_sizes and detected not in MUPDF_FORMATS:
+        # A square of the largest box needs the picture's shorter side to fill it: the renderer
+        # fits the picture into a box that much larger (PDF pages work out their own scale).
+        from worker.render.output import cover_box
+
+        opts = replace(
+            opts, size=cover_box(data, detected, opts.size), sizes=(), crop_sizes=opts.all_sizes()
+        )
     # The renderers are imported here so that `import worker.render` loads neither PyMuPDF nor
     # Pillow (the progress endpoint and CLI start fast).
     try:
@@ -117,6 +137,8 @@ def render(data: bytes, declared_type: str | None, opts: RenderOptions) -> Thumb
             from worker.render.office import render_embedded_thumbnail
 
             return render_embedded_thumbnail(data, detected, opts)
+        if detected == ENCRYPTED_OFFICE:
+            raise ThumbqError(ENCRYPTED_INPUT, "this Office document is protected by a password")
     except MemoryError:
         raise MemoryLimitExceeded(detected or "file") from None
     raise ThumbqError(

@@ -1,4 +1,4 @@
-"""Office documents (PPTX, DOCX, XLSX, ODP, ODT, ODS).
+"""Office documents (PPTX, DOCX, XLSX, ODP, ODT, ODS; legacy DOC, XLS, PPT/PPS and RTF).
 
 Where LibreOffice is installed, `OfficeConverter` turns the first page or slide into a one-page
 PDF, which the PDF renderer draws at every size. One soffice process serves a whole batch (its
@@ -6,12 +6,15 @@ start costs 1-2 s; a conversion then 0.1-0.3 s); a conversion that overruns its 
 and the next document starts a fresh one.
 
 Without LibreOffice, the thumbnail the document carries is used (`docProps/thumbnail.jpeg` in
-OOXML, `Thumbnails/thumbnail.png` in ODF); python-pptx, python-docx and some exporters write a
+OOXML, `Thumbnails/thumbnail.png` in ODF, a bitmap in `SummaryInformation` in legacy binary
+files, where it is not a Windows metafile); python-pptx, python-docx and some exporters write a
 plain white one there, which counts as none. Without either the job ends `unsupported_type`,
 naming what to install.
 
 Archives are checked first: a ZIP whose parts declare more than a safe unpacked size, or an
-absurd compression ratio (a "zip bomb"), is `too_large` before LibreOffice or zipfile sees it.
+absurd compression ratio (a "zip bomb"), is `too_large` before LibreOffice or zipfile sees it,
+and a legacy document protected by a password is `encrypted_input` (its first bytes say so)
+before LibreOffice spends its window failing to open it.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from pathlib import Path
 
 from worker.errors import (
     CORRUPT_INPUT,
+    ENCRYPTED_INPUT,
     INTERNAL,
     RENDER_TIMEOUT,
     TOO_LARGE,
@@ -41,7 +45,7 @@ from worker.errors import (
     ThumbqError,
 )
 from worker.render import RenderOptions, Thumbnail
-from worker.render.sniff import OFFICE_TYPES, zip_entries
+from worker.render.sniff import OFFICE_TYPES, OLE2_OFFICE_TYPES, RTF, zip_entries
 
 # Unpacked size of all parts together, and of one part with a suspicious compression ratio.
 MAX_UNPACKED_BYTES = 2 * 1024**3
@@ -65,10 +69,30 @@ _PDF_FILTERS = {
     "odt": "writer_pdf_Export",
     "xlsx": "calc_pdf_Export",
     "ods": "calc_pdf_Export",
+    "doc": "writer_pdf_Export",
+    "rtf": "writer_pdf_Export",
+    "xls": "calc_pdf_Export",
+    "ppt": "impress_pdf_Export",
 }
 # Where converters keep their profile and files; a folder whose owner process is gone (a worker
 # killed mid-batch) is removed by the next converter that starts.
 _SCRATCH_PREFIX = "thumbq-office-"
+
+
+def check_document(data: bytes, source_type: str) -> None:
+    """Refuse what LibreOffice should never be given: a ZIP bomb (`too_large`), a legacy
+    document protected by a password (`encrypted_input`)."""
+    if source_type in OLE2_OFFICE_TYPES:
+        from worker.render import ole2
+
+        compound = ole2.open_compound(data)
+        if compound is not None and ole2.is_encrypted(compound):
+            raise ThumbqError(
+                ENCRYPTED_INPUT,
+                f"this {OFFICE_TYPES[source_type].upper()} is protected by a password",
+            )
+    elif source_type != RTF:
+        check_archive(data, source_type)
 
 
 def check_archive(data: bytes, source_type: str) -> None:
@@ -103,9 +127,9 @@ def render_embedded_thumbnail(data: bytes, source_type: str, opts: RenderOptions
     from worker.render.output import finish
     from worker.render.sniff import sniff
 
-    check_archive(data, source_type)
+    check_document(data, source_type)
     kind = OFFICE_TYPES[source_type].upper()
-    picture = _embedded_picture(data)
+    picture = _embedded_picture(data, source_type)
     if picture is not None:
         try:
             with Image.open(io.BytesIO(picture)) as probe:
@@ -128,7 +152,14 @@ def render_embedded_thumbnail(data: bytes, source_type: str, opts: RenderOptions
     )
 
 
-def _embedded_picture(data: bytes) -> bytes | None:
+def _embedded_picture(data: bytes, source_type: str) -> bytes | None:
+    if source_type == RTF:
+        return None
+    if source_type in OLE2_OFFICE_TYPES:
+        from worker.render import ole2
+
+        compound = ole2.open_compound(data)
+        return ole2.summary_thumbnail(compound) if compound is not None else None
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
     except (zipfile.BadZipFile, OSError, ValueError):
@@ -176,7 +207,7 @@ class OfficeConverter:
         `render_timeout` when `deadline` (time.monotonic()) passes first, `corrupt_input` when
         LibreOffice cannot open it, `internal` when LibreOffice cannot run."""
         kind = OFFICE_TYPES[source_type]
-        check_archive(data, source_type)
+        check_document(data, source_type)
         if not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
             raise ThumbqError(RENDER_TIMEOUT, "LibreOffice was busy until the deadline")
         try:

@@ -34,6 +34,15 @@ XLSX = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
 ODP = "application/vnd.oasis.opendocument.presentation"
 ODT = "application/vnd.oasis.opendocument.text"
 ODS = "application/vnd.oasis.opendocument.spreadsheet"
+DOC = "application/msword"
+XLS = "application/vnd.ms-excel"
+PPT = "application/vnd.ms-powerpoint"
+RTF = "application/rtf"
+# An OOXML document saved with a password: an OLE2 container whose `EncryptedPackage` stream is
+# the encrypted ZIP (there is no registered type for it).
+ENCRYPTED_OFFICE = "application/x-ms-encrypted-package"
+# Any other OLE2 compound file (Outlook message, Visio drawing, Thumbs.db, ...).
+OLE2 = "application/x-ole-storage"
 EPUB = "application/epub+zip"
 XPS = "application/oxps"
 CBZ = "application/vnd.comicbook+zip"
@@ -64,7 +73,13 @@ OFFICE_TYPES: dict[str, str] = {
     ODP: "odp",
     ODT: "odt",
     ODS: "ods",
+    DOC: "doc",
+    XLS: "xls",
+    PPT: "ppt",
+    RTF: "rtf",
 }
+#: Office types held in an OLE2 compound file (legacy binary Office).
+OLE2_OFFICE_TYPES = frozenset({DOC, XLS, PPT})
 
 # Acrobat accepts a header anywhere in the first 1024 bytes (PDF 1.7, annex H), and real files
 # carry such junk (mail headers, a BOM, a printer job preamble), so MuPDF's repair does too.
@@ -125,7 +140,29 @@ def sniff(data: bytes) -> str | None:
         return PSD
     if head.startswith(b"PK\x03\x04"):
         return _sniff_zip(data)
+    if head.startswith(b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"):
+        return _sniff_ole2(data)
+    if data[:64].lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{\\rtf"):
+        return RTF
     return _sniff_other(data)
+
+
+def _sniff_ole2(data: bytes) -> str:
+    """Legacy Office documents are OLE2 compound files: the directory's stream names say which
+    application wrote one (a bounded walk of the directory, nothing else is read)."""
+    from worker.render.ole2 import open_compound
+
+    compound = open_compound(data)
+    names = compound.names() if compound is not None else set()
+    if "EncryptedPackage" in names:
+        return ENCRYPTED_OFFICE
+    if "WordDocument" in names:
+        return DOC
+    if "Workbook" in names or "Book" in names:
+        return XLS
+    if "PowerPoint Document" in names:
+        return PPT
+    return OLE2
 
 
 def _sniff_ftyp(data: bytes) -> str:

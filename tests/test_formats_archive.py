@@ -1,0 +1,148 @@
+"""What a real archive holds beyond the common formats: legacy binary Office and RTF, icons and
+cursors, SVGs with embedded pictures, 10/12-bit and HDR HEIC/AVIF, and files whose fault must end
+with a permanent code (never `internal`) or a cheaper render (never `render_timeout`).
+
+Legacy Office samples come from python-oletools' own test data (tests/fixtures/formats/README.md
+names each file and its licence); the rest is made here by the tools that write these formats.
+Tests that need LibreOffice are skipped, naming it, where `soffice` is missing (CI installs it).
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from bench.corpus import BLUE, RED
+from tests import formats_corpus as fc
+from worker.errors import ENCRYPTED_INPUT, UNSUPPORTED_TYPE, ThumbqError
+from worker.render import RenderOptions, render
+from worker.render.office import find_soffice
+from worker.render.process import RenderPool
+from worker.render.sniff import DOC, OLE2, PPT, RTF, XLS, sniff
+
+FIXTURES = Path(__file__).parent / "fixtures" / "formats"
+SOFFICE = find_soffice()
+NO_SOFFICE = "LibreOffice (soffice) is not installed: apt-get install libreoffice-writer"
+SIZES = (128, 512)
+OPTS = RenderOptions(sizes=SIZES, soffice=SOFFICE)
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[RenderPool]:
+    with RenderPool(OPTS, workers=2, memory_limit_mb=320) as p:
+        yield p
+
+
+def fixture(name: str) -> bytes:
+    return gzip.decompress((FIXTURES / f"{name}.gz").read_bytes())
+
+
+def decode(data: bytes) -> Image.Image:
+    img = Image.open(io.BytesIO(data))
+    img.load()
+    return img.convert("RGB")
+
+
+def has_colour(img: Image.Image, colour: tuple[int, int, int], tolerance: int = 45) -> bool:
+    raw = img.convert("RGB").tobytes()
+    return any(
+        all(abs(raw[i + c] - colour[c]) <= tolerance for c in range(3))
+        for i in range(0, len(raw), 3)
+    )
+
+
+def ink(img: Image.Image) -> float:
+    """The share of pixels darker than mid grey: text on a page, not a blank sheet."""
+    grey = img.convert("L")
+    return sum(grey.histogram()[:128]) / (grey.width * grey.height)
+
+
+# -- legacy office ---------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(SOFFICE is None, reason=NO_SOFFICE)
+@pytest.mark.parametrize(
+    ("name", "source_type", "landscape"),
+    [
+        ("harmless-clean.doc", DOC, False),
+        ("embedded-simple-2007.xls", XLS, False),
+        ("sample_with_lnk_file.pps", PPT, True),
+    ],
+)
+def test_legacy_binary_office_documents_are_drawn_by_libreoffice(
+    pool: RenderPool, name: str, source_type: str, landscape: bool
+) -> None:
+    data = fixture(name)
+    thumb = pool.render(data, "application/octet-stream", timeout_s=60)
+    assert thumb.source_type == source_type and not thumb.degraded
+    assert [r.size for r in thumb.renditions] == list(SIZES)
+    img = decode(thumb.data)
+    assert (img.width > img.height) == landscape and max(img.size) == 512
+    assert 0.0005 < ink(img) < 0.5  # words on a page, neither blank nor black
+
+
+@pytest.mark.skipif(SOFFICE is None, reason=NO_SOFFICE)
+def test_an_rtf_letter_is_drawn_by_libreoffice(pool: RenderPool) -> None:
+    thumb = pool.render(b"\xef\xbb\xbf" + fc.rtf_letter(), "text/plain", timeout_s=60)
+    img = decode(thumb.data)
+    assert thumb.source_type == RTF and img.height > img.width
+    assert 0.0005 < ink(img) < 0.5
+
+
+@pytest.mark.parametrize(
+    "make", [fc.encrypted_doc, fc.encrypted_xls, fc.encrypted_ppt, fc.encrypted_ooxml]
+)
+@pytest.mark.parametrize("soffice", [None, SOFFICE], ids=["embedded", "libreoffice"])
+def test_a_password_protected_office_document_ends_encrypted_input(
+    pool: RenderPool, make: object, soffice: str | None
+) -> None:
+    assert callable(make)
+    data = make()
+    with pytest.raises(ThumbqError) as info:
+        if soffice is None:
+            render(data, None, RenderOptions(sizes=SIZES))
+        else:
+            pool.render(data, None, timeout_s=30)
+    assert info.value.code == ENCRYPTED_INPUT and info.value.permanent
+    assert "password" in info.value.message
+
+
+def test_without_libreoffice_a_legacy_document_shows_its_summary_thumbnail() -> None:
+    thumb = render(fc.doc_with_summary_thumbnail(), None, RenderOptions(sizes=SIZES))
+    img = decode(thumb.data)
+    assert thumb.source_type == DOC and img.size == (64, 48)  # never enlarged
+    assert has_colour(img, RED) and has_colour(img, BLUE)
+    with pytest.raises(ThumbqError) as info:
+        render(fc.rtf_letter(), None, RenderOptions(sizes=SIZES))
+    assert info.value.code == UNSUPPORTED_TYPE
+    assert "LibreOffice (soffice) is not installed" in info.value.message
+
+
+@pytest.mark.skipif(SOFFICE is None, reason=NO_SOFFICE)
+def test_a_legacy_document_whose_conversion_overruns_shows_its_summary_thumbnail_degraded() -> None:
+    # A fresh pool: LibreOffice's start alone overruns the first share of the window.
+    with RenderPool(OPTS, workers=1, memory_limit_mb=320) as fresh:
+        thumb = fresh.render(
+            fc.doc_with_summary_thumbnail(), None, timeout_s=10, degrade_after_s=0.3
+        )
+    img = decode(thumb.data)
+    assert thumb.degraded and has_colour(img, RED) and has_colour(img, BLUE)
+
+
+def test_an_ole2_file_that_is_not_an_office_document_is_unsupported_and_named() -> None:
+    data = fc.ole2_file({"__substg1.0_0037001F": "Subject".encode("utf-16-le")})
+    assert sniff(data) == OLE2
+    with pytest.raises(ThumbqError) as info:
+        render(data, "application/vnd.ms-outlook", RenderOptions())
+    assert info.value.code == UNSUPPORTED_TYPE and OLE2 in info.value.message
+
+
+def test_a_damaged_compound_file_is_no_office_document() -> None:
+    data = fixture("harmless-clean.doc")
+    for broken in (data[:700], data[:512] + b"\xff" * 4096, data[:0x30] + b"\xff" * 4):
+        assert sniff(broken) == OLE2

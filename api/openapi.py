@@ -569,7 +569,9 @@ _JOB_SCHEMAS: dict[str, Any] = {
                 "or for its retry), too_long (jobs like it take longer than the wait), timeout "
                 "(stopped at the end of the wait and handed back at once, no attempt used), "
                 "checkpointed (a later batch resumes it), retrying (it failed; backoff), "
-                "unrecorded (the database did not take its outcome; it runs again).",
+                "unrecorded (the database did not take its outcome; it runs again), running "
+                "(a thread handler still running at the end of the wait: it keeps the job until "
+                "it ends, and its outcome is recorded then).",
             },
             "message": {"type": "string"},
             "retry_after_ms": {"type": ["integer", "null"]},

@@ -139,6 +139,10 @@ def run_batch(
     watchdog.start()
     try:
         prepare_tasks(config, conn, bound(budget))
+        # Group events become webhook jobs in this run (only with THUMBQ_WEBHOOK_URL set).
+        from worker import webhooks
+
+        webhooks.prepare(config, conn, bound(budget))
         start = db.one(
             conn,
             "start_run",

@@ -328,8 +328,25 @@ SCHEMAS: dict[str, Any] = {
             "thumbnail_content_type": {"type": ["string", "null"]},
             "thumbnails": {
                 "type": ["object", "null"],
-                "description": "Every size made (THUMBQ_THUMB_SIZES): box size -> storage key.",
+                "description": "Every size made (THUMBQ_THUMB_SIZES): box size -> storage key "
+                "(a document's first page).",
                 "additionalProperties": {"type": "string"},
+            },
+            "pages": {
+                "type": "array",
+                "description": "Each page shown, in order (THUMBQ_PAGES: pages 1..N of a "
+                "document; one entry for anything else), with its box size -> storage key.",
+                "items": {
+                    "type": "object",
+                    "required": ["page", "thumbnails"],
+                    "properties": {
+                        "page": {"type": "integer"},
+                        "thumbnails": {
+                            "type": "object",
+                            "additionalProperties": {"type": "string"},
+                        },
+                    },
+                },
             },
             "thumbhash": {
                 "type": ["string", "null"],
@@ -396,6 +413,16 @@ SCHEMAS: dict[str, Any] = {
             "thumbhash": {
                 "type": ["string", "null"],
                 "description": "A ThumbHash (base64) placeholder, where recorded.",
+            },
+            "pages": {
+                "type": "array",
+                "description": "A document's pages in order (THUMBQ_PAGES above 1), each at its "
+                "smallest size; empty for a single page.",
+                "items": {
+                    "type": "object",
+                    "required": ["page", "url"],
+                    "properties": {"page": {"type": "integer"}, "url": {"type": "string"}},
+                },
             },
         },
     },

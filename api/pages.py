@@ -235,6 +235,11 @@ def gallery() -> Response:
                 # Placeholders while the image loads, where the jobs carry them.
                 "dominant_color": r["dominant_color"],
                 "thumbhash": r["thumbhash"],
+                # A document's pages in order (THUMBQ_PAGES), each at its smallest size.
+                "pages": [
+                    {"page": p["page"], "url": _page_url(storage, p["thumbnails"], expires)}
+                    for p in r.get("pages") or ()
+                ],
             }
         )
     return json_response(
@@ -246,6 +251,11 @@ def gallery() -> Response:
         200,
         {"Cache-Control": "no-store", "Vary": "Authorization"},
     )
+
+
+def _page_url(storage: Any, sizes: dict[str, str], expires: int) -> str:
+    key = sizes[min(sizes, key=int)]
+    return storage.presigned_get_url(key, THUMBNAIL_URL_TTL_S) or _thumbnail_url(key, expires)
 
 
 def _forbidden() -> ApiError:

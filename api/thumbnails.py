@@ -267,4 +267,10 @@ def job(job_id: str) -> Response:
         row = _queue(conn).job(jid)
     if row is None:
         raise ApiError(404, "job_not_found", f"no job {jid}")
+    thumbnails = row.get("thumbnails")
+    if isinstance(thumbnails, dict):
+        # `thumbnails` stays the first page's {size: key}; `pages` lists every page in order
+        # (THUMBQ_PAGES), the job row keeps them inside its thumbnails.
+        pages = thumbnails.pop("pages", None)
+        row["pages"] = pages if pages else [{"page": 1, "thumbnails": thumbnails}]
     return json_response(row)

@@ -73,7 +73,7 @@ select id, group_id, source_key, source_etag, content_type, status, error_code, 
 -- columns are read through to_jsonb so that this works before and after they exist.
 select j.id, j.source_key, j.thumbnail_key, j.thumbnail_content_type, j.width, j.height,
        j.completed_at, to_jsonb(j) ->> 'dominant_color' as dominant_color,
-       to_jsonb(j) ->> 'thumbhash' as thumbhash
+       to_jsonb(j) ->> 'thumbhash' as thumbhash, to_jsonb(j) -> 'thumbnails' -> 'pages' as pages
   from thumbq.jobs j
  where j.group_id = %(group_id)s and j.status = 'completed' and j.thumbnail_key is not null
    and j.id < %(before)s

@@ -309,6 +309,8 @@ def render_options(config: Config) -> Any:
         soffice=config.soffice,
         format=config.thumb_format,
         pdf_page=config.pdf_page,
+        fit=config.thumb_fit,
+        pages=config.pages,
         max_pixels=config.max_pixels,
         max_pages=config.max_pages,
         max_bytes=config.max_bytes,

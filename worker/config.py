@@ -190,6 +190,11 @@ class Config:
     # LibreOffice's soffice, which renders office documents; None: embedded thumbnails only.
     soffice: str | None = None
     pdf_page: int = 1
+    # "contain": the whole picture inside each box; "cover": a square of each box (pictures keep
+    # their most salient part, documents the top of the page).
+    thumb_fit: str = "contain"
+    # Pages 1..N of a multi-page document (PDF, office, EPUB) get a thumbnail each.
+    pages: int = 1
     max_pixels: int = 80_000_000
     max_pages: int = 10_000
     max_bytes: int = 100 * 1024 * 1024
@@ -267,6 +272,9 @@ class Config:
         if fmt not in ("webp", "jpeg", "avif"):
             raise ConfigError(f"THUMBQ_THUMB_FORMAT must be webp, jpeg or avif, got {fmt!r}")
         sizes = _sizes(env, _int(env, "THUMBQ_THUMB_SIZE", 512, lo=16, hi=4096))
+        fit = (env.get("THUMBQ_THUMB_FIT") or "contain").strip().lower()
+        if fit not in ("contain", "cover"):
+            raise ConfigError(f"THUMBQ_THUMB_FIT must be contain or cover, got {fit!r}")
         supabase_url = _str(env, "SUPABASE_URL")
         jwks_url = _str(env, "THUMBQ_JWKS_URL")
         if jwks_url is None and supabase_url:
@@ -300,6 +308,8 @@ class Config:
             thumb_sizes=sizes,
             soffice=_soffice(env),
             pdf_page=_int(env, "THUMBQ_PDF_PAGE", 1, lo=1, hi=100_000),
+            thumb_fit=fit,
+            pages=_int(env, "THUMBQ_PAGES", 1, lo=1, hi=100),
             max_pixels=_int(env, "THUMBQ_MAX_PIXELS", 80_000_000, lo=1, hi=2_000_000_000),
             max_pages=_int(env, "THUMBQ_MAX_PAGES", 10_000, lo=1, hi=10_000_000),
             max_bytes=_int(env, "THUMBQ_MAX_BYTES", 100 * 1024 * 1024, lo=1, hi=2**40),

@@ -40,9 +40,12 @@ DEGRADE_AT = 0.75
 THREAD_GRACE_MS = 50.0
 
 
-def thumbnail_key(source_key: str, etag: str, size: int, ext: str) -> str:
-    """`thumbnails/<source key>/<etag>-<size>.<ext>`; the etag made safe for a key."""
+def thumbnail_key(source_key: str, etag: str, size: int, ext: str, page: int | None = None) -> str:
+    """`thumbnails/<source key>/<etag>-<size>.<ext>`, the etag made safe for a key; a document's
+    further pages (RenderOptions.pages) add theirs: `<etag>-p<page>-<size>.<ext>`."""
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in etag) or "noetag"
+    if page is not None:
+        safe = f"{safe}-p{page}"
     return f"thumbnails/{source_key}/{safe}-{size}.{ext}"
 
 
@@ -193,7 +196,7 @@ class Executor:
             if not thumb.degraded:
                 # A degraded render says how long the cheap path took, not the real one.
                 self.predictor.observe(*stat_key, ms)
-            largest = str(max(keys, key=int))
+            largest = str(max((size for size in keys if size.isdigit()), key=int))
             self.recorder.done(
                 {
                     "job_id": job.id,
@@ -217,18 +220,26 @@ class Executor:
             self.write_slots.release()
             self.recorder.item_ended(job, outcome)
 
-    def _store(self, source_key: str, etag: str, thumb: Thumbnail) -> dict[str, str]:
-        """Write every rendition under its own key; returns {"<size>": key}."""
-        keys: dict[str, str] = {}
+    def _store(self, source_key: str, etag: str, thumb: Thumbnail) -> dict[str, Any]:
+        """Write every rendition under its own key; returns the first page's {"<size>": key},
+        with `"pages": [{"page", "thumbnails": {"<size>": key}}, ...]` in order beside them
+        when a document gave more than one page (its first page keeps the plain keys)."""
         renditions = thumb.renditions or ()
         if not renditions:
             from worker.render import Rendition
 
             renditions = (Rendition(self.config.thumb_size, thumb.data, thumb.width, thumb.height),)
+        first = renditions[0].page
+        pages: dict[int, dict[str, str]] = {}
         for rendition in renditions:
-            key = thumbnail_key(source_key, etag, rendition.size, self.config.thumb_ext)
+            page = None if rendition.page == first else rendition.page
+            key = thumbnail_key(source_key, etag, rendition.size, self.config.thumb_ext, page)
             self.storage.put(key, rendition.data, thumb.content_type)
-            keys[str(rendition.size)] = key
+            pages.setdefault(rendition.page, {})[str(rendition.size)] = key
+        listed = iter(pages.values())
+        keys: dict[str, Any] = dict(next(listed))
+        if len(pages) > 1:
+            keys["pages"] = [{"page": n, "thumbnails": sizes} for n, sizes in pages.items()]
         return keys
 
     # -- registered tasks -----------------------------------------------------------------

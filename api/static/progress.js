@@ -417,8 +417,30 @@
     name.className = "name";
     name.title = item.source_key;
     name.textContent = String(item.source_key).split("/").pop();
-    li.append(frame, name);
+    li.append(frame);
+    const strip = pageStrip(item.pages);
+    if (strip) li.append(strip);
+    li.append(name);
     return li;
+  }
+
+  // A document's pages (THUMBQ_PAGES), in order, as a strip of small pictures under its frame.
+  function pageStrip(pages) {
+    if (!Array.isArray(pages) || pages.length < 2) return null;
+    const strip = document.createElement("ol");
+    strip.className = "pages";
+    for (const p of pages) {
+      const li = document.createElement("li");
+      const img = document.createElement("img");
+      img.loading = "lazy";
+      img.decoding = "async";
+      img.alt = "page " + Number(p.page);
+      img.title = img.alt;
+      setImageUrl(img, p.url);
+      li.append(img);
+      strip.append(li);
+    }
+    return strip;
   }
 
   function setImageUrl(img, url) {

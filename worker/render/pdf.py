@@ -8,13 +8,14 @@ crisp and filling the box, without rendering large and shrinking.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 
 import pymupdf
 from PIL import Image
 
 from worker.errors import CORRUPT_INPUT, ENCRYPTED_INPUT, TOO_LARGE, ThumbqError
 from worker.render import RenderOptions, Thumbnail
-from worker.render.output import finish
+from worker.render.output import COVER_MAX_ASPECT, finish
 from worker.render.sniff import MUPDF_FORMATS, PDF
 
 # MuPDF reports recoverable damage on stdout by default; a worker's stdout carries its JSON log.
@@ -39,7 +40,8 @@ def render_pdf(data: bytes, opts: RenderOptions) -> Thumbnail:
 
 
 def render_document(data: bytes, source_type: str, opts: RenderOptions) -> Thumbnail:
-    """Render the first page of a document MuPDF opens (for a PDF: page `opts.pdf_page`)."""
+    """Render the first page of a document MuPDF opens (for a PDF: page `opts.pdf_page`), and
+    the `opts.pages - 1` pages after it where the document has them."""
     try:
         doc = pymupdf.open(stream=data, filetype=MUPDF_FORMATS[source_type])
     except Exception as exc:
@@ -71,8 +73,9 @@ def _render_document(doc: pymupdf.Document, source_type: str, opts: RenderOption
     try:
         if doc.is_reflowable:
             # EPUB and FB2 are laid out on demand; counting their pages would lay out the whole
-            # book. The first page (usually the cover) is what a shelf shows.
-            page = doc.load_page(0)
+            # book. The first page (usually the cover) is what a shelf shows; further pages
+            # (RenderOptions.pages) are loaded one by one until the book ends.
+            first, last = 0, max(1, opts.pages) - 1
         else:
             page_count = doc.page_count
             if page_count > opts.max_pages:
@@ -82,14 +85,57 @@ def _render_document(doc: pymupdf.Document, source_type: str, opts: RenderOption
                 )
             if page_count < 1:
                 raise ThumbqError(CORRUPT_INPUT, f"{name} has no pages")
-            page = doc.load_page(min(max(opts.pdf_page, 1), page_count) - 1)
+            first = min(max(opts.pdf_page, 1), page_count) - 1
+            last = min(first + max(1, opts.pages), page_count) - 1
+    except ThumbqError:
+        raise
+    except Exception as exc:
+        raise _classify(exc, f"{name} cannot be read") from None
+    thumb = _render_page(doc, first, name, source_type, opts, placeholders=True)
+    renditions = list(thumb.renditions)
+    for number in range(first + 1, last + 1):
+        # A later page that cannot be drawn (damage, or a book that has ended) ends the list;
+        # the pages before it are still shown. Running out of memory is the file's answer.
+        try:
+            more = _render_page(doc, number, name, source_type, opts)
+        except ThumbqError:
+            break
+        renditions.extend(more.renditions)
+    return replace(thumb, renditions=tuple(renditions))
+
+
+def _render_page(
+    doc: pymupdf.Document,
+    number: int,
+    name: str,
+    source_type: str,
+    opts: RenderOptions,
+    *,
+    placeholders: bool = False,
+) -> Thumbnail:
+    """Rasterise page `number` (0-based) to fill the largest box, or for `cover` its top square,
+    and encode it at every size (the placeholders only for the first page rendered)."""
+    try:
+        page = doc.load_page(number)
         # page.rect is the crop box with /Rotate applied, starting at (0, 0); scaling its longer
         # side to exactly `size` gives a pixmap whose longer side is `size` (checked on 300
         # random page sizes, offsets and rotations).
         rect = page.rect
         if rect.is_empty or rect.is_infinite:
             raise ThumbqError(CORRUPT_INPUT, f"{name} page has an unusable size {rect}")
-        scale = opts.size / max(rect.width, rect.height)
+        clip = None
+        if opts.fit == "cover":
+            # The shorter side fills the square (a receipt-like strip at most COVER_MAX_ASPECT
+            # times as long); finish() keeps the top. Unrotated, only that square is drawn: a
+            # portrait A4 page then costs 0.71 of its whole.
+            short, long = min(rect.width, rect.height), max(rect.width, rect.height)
+            scale = min(opts.size / short, COVER_MAX_ASPECT * opts.size / long)
+            if page.rotation == 0:
+                side = min(short, opts.size / scale)
+                left = (rect.width - side) / 2
+                clip = pymupdf.Rect(left, 0, left + side, side)
+        else:
+            scale = opts.size / max(rect.width, rect.height)
         if opts.degraded:
             scale *= DEGRADED_SCALE
             if doc.is_pdf:
@@ -101,7 +147,7 @@ def _render_document(doc: pymupdf.Document, source_type: str, opts: RenderOption
     try:
         # Without alpha MuPDF clears the pixmap to white before drawing.
         pix = page.get_pixmap(
-            matrix=pymupdf.Matrix(scale, scale), colorspace=pymupdf.csRGB, alpha=False
+            matrix=pymupdf.Matrix(scale, scale), colorspace=pymupdf.csRGB, alpha=False, clip=clip
         )
     except Exception as exc:
         raise _classify(exc, f"{name} page cannot be rendered") from None
@@ -110,7 +156,14 @@ def _render_document(doc: pymupdf.Document, source_type: str, opts: RenderOption
     img = Image.frombuffer(
         "RGB", (pix.width, pix.height), pix.samples_mv, "raw", "RGB", pix.stride, 1
     )
-    return finish(img, opts, source_type, degraded=opts.degraded)
+    return finish(
+        img,
+        opts,
+        source_type,
+        degraded=opts.degraded,
+        page=number + 1,
+        placeholders=placeholders,
+    )
 
 
 def _skip_images(page: pymupdf.Page) -> None:

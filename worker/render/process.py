@@ -39,9 +39,10 @@ on it is a frame: an 8-byte big-endian unsigned length, then that many bytes.
   (the file); `degraded` asks for the cheaper render (RenderOptions.degraded).
   Child -> worker: a frame holding the JSON reply header, then a frame holding the thumbnails
   (empty on error). The header is `{"ok": false, "code", "message", "exit"}` or `{"ok": true,
-  "content_type", "source_type", "renditions": [{"size", "width", "height", "length"}, ...],
-  "thumbhash", "dominant_color", "degraded"}`, the renditions ascending by size, their bytes
-  one after another in the second frame.
+  "content_type", "source_type", "renditions": [{"size", "width", "height", "length", "page"},
+  ...], "thumbhash", "dominant_color", "degraded"}`, the renditions ascending by size (a
+  document's first page, then each further page's: RenderOptions.pages), their bytes one after
+  another in the second frame.
 - Tasks (worker.tasks, `runs_in="process"`; the child's side is worker.sandbox): the worker
   sends a frame holding a JSON object `{"task", "job", "deadline_in_s"}`. While the handler
   runs, the child sends frames `{"kind": "save", "state"?, "done", "total"}` (a checkpoint or
@@ -536,12 +537,15 @@ def _parse_reply(payload: tuple[bytes, bytes]) -> Thumbnail | tuple[ThumbqError,
                         data=body[offset : offset + length],
                         width=int(r["width"]),
                         height=int(r["height"]),
+                        page=int(r.get("page", 1)),
                     )
                 )
                 offset += length
             if not renditions or offset != len(body):
                 raise ValueError("renditions do not add up to the reply")
-            largest = renditions[-1]
+            # The first page's largest size (a document's further pages follow it).
+            first_page = [r for r in renditions if r.page == renditions[0].page]
+            largest = first_page[-1]
             return Thumbnail(
                 data=largest.data,
                 content_type=str(header["content_type"]),
@@ -877,7 +881,13 @@ def _render_one(
         "content_type": thumb.content_type,
         "source_type": thumb.source_type,
         "renditions": [
-            {"size": r.size, "width": r.width, "height": r.height, "length": len(r.data)}
+            {
+                "size": r.size,
+                "width": r.width,
+                "height": r.height,
+                "length": len(r.data),
+                "page": r.page,
+            }
             for r in renditions
         ],
         "thumbhash": thumb.thumbhash,

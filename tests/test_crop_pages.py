@@ -1,0 +1,291 @@
+"""Square thumbnails (THUMBQ_THUMB_FIT=cover) and a document's first pages (THUMBQ_PAGES)."""
+
+from __future__ import annotations
+
+import io
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PIL import Image, ImageDraw, ImageFilter
+
+from tests.liveapp import call
+from worker import db
+from worker.batch import render_options, run_batch
+from worker.config import Config, ConfigError
+from worker.execution import thumbnail_key
+from worker.queue import Queue
+from worker.render import RenderOptions, render
+from worker.render.process import RenderPool
+from worker.service import enqueue
+from worker.serving import ServerThread
+from worker.storage import open_storage
+
+SIZES = (128, 256, 512)
+SECRET = "crop-pages-secret-0123456789abcdef"
+RED = (220, 30, 40)
+
+
+def _decode(data: bytes) -> Image.Image:
+    img = Image.open(io.BytesIO(data))
+    img.load()
+    return img.convert("RGB")
+
+
+def _scene(width: int, height: int, subject_x: float, seed: int = 1) -> bytes:
+    """A soft, grey-blue background (sky, a wall) with a face-like subject, skin-toned with dark
+    eyes and a red collar, centred at `subject_x` (a fraction of the width): a JPEG."""
+    rng = random.Random(seed)
+    img = Image.new("RGB", (width, height))
+    draw = ImageDraw.Draw(img)
+    for y in range(height):
+        v = 140 + 60 * y // height
+        draw.line([(0, y), (width, y)], fill=(v - 25, v - 10, v + 15))
+    for _ in range(40):  # faint blotches, out of focus
+        x, y, r = rng.randrange(width), rng.randrange(height), rng.randrange(20, 80)
+        v = rng.randrange(130, 200)
+        draw.ellipse([x - r, y - r, x + r, y + r], fill=(v - 20, v - 8, v + 10))
+    img = img.filter(ImageFilter.GaussianBlur(12))
+    draw = ImageDraw.Draw(img)
+    cx, cy, r = int(subject_x * width), height // 2, height // 7
+    draw.ellipse([cx - r, cy - int(1.3 * r), cx + r, cy + int(1.3 * r)], fill=(224, 172, 140))
+    for dx in (-r // 3, r // 3):
+        draw.ellipse(
+            [cx + dx - 8, cy - r // 3 - 8, cx + dx + 8, cy - r // 3 + 8], fill=(30, 20, 20)
+        )
+    draw.rectangle([cx - r, cy + int(1.3 * r), cx + r, cy + int(1.3 * r) + r // 2], fill=RED)
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+def _pdf(pages: int, width: float = 595, height: float = 842) -> bytes:
+    """A document whose page n has a coloured band across its top and "Page n" below it; the
+    rest of each page is white, but for a black bar at its foot."""
+    import pymupdf
+
+    doc = pymupdf.open()
+    for n in range(1, pages + 1):
+        page = doc.new_page(width=width, height=height)
+        page.draw_rect(pymupdf.Rect(0, 0, width, 60), color=None, fill=(0.86, 0.12, 0.16))
+        page.insert_text((72, 120), f"Page {n}", fontsize=36)
+        page.draw_rect(pymupdf.Rect(0, height - 60, width, height), color=None, fill=(0, 0, 0))
+    return bytes(doc.tobytes())
+
+
+def _is_red(pixel: tuple[int, ...]) -> bool:
+    r, g, b = pixel[:3]
+    return r > 170 and g < 90 and b < 90
+
+
+# -- cover -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("subject_x", [0.1, 0.9])
+def test_cover_keeps_an_off_centre_subject_that_a_centre_crop_cuts_off(subject_x: float) -> None:
+    data = _scene(1600, 900, subject_x)
+    thumb = render(data, "image/jpeg", RenderOptions(sizes=SIZES, fit="cover"))
+    big = _decode(thumb.renditions[-1].data)
+    assert big.size == (512, 512)
+    # The subject's red collar is in the square; a centre square (x 350-1250 of 1600) has none.
+    assert any(_is_red(big.getpixel((x, y))) for x in range(0, 512, 4) for y in range(256, 512, 4))
+    source = _decode(data)
+    centre = source.crop((350, 0, 1250, 900))
+    assert not any(
+        _is_red(centre.getpixel((x, y))) for x in range(0, 900, 4) for y in range(450, 900, 4)
+    )
+
+
+def test_cover_makes_a_square_of_every_size_and_contain_keeps_the_aspect() -> None:
+    photo = _scene(1600, 900, 0.5)
+    portrait = _scene(900, 1600, 0.5)
+    small = io.BytesIO()
+    Image.new("RGB", (300, 200), (20, 120, 200)).save(small, "PNG")
+    for data in (photo, portrait, _pdf(1), _pdf(1, 842, 595)):
+        cover = render(data, None, RenderOptions(sizes=SIZES, fit="cover"))
+        assert [(r.size, r.width, r.height) for r in cover.renditions] == [(s, s, s) for s in SIZES]
+        for r in cover.renditions:
+            assert _decode(r.data).size == (r.size, r.size)
+        contain = render(data, None, RenderOptions(sizes=SIZES))
+        assert max(contain.width, contain.height) == 512
+        assert contain.width != contain.height
+    # A picture smaller than the box is not enlarged: its square is its shorter side.
+    cover = render(small.getvalue(), None, RenderOptions(sizes=SIZES, fit="cover"))
+    assert [(r.width, r.height) for r in cover.renditions] == [(128, 128), (200, 200), (200, 200)]
+
+
+def test_cover_keeps_the_top_of_a_document_page() -> None:
+    for width, height in ((595, 842), (842, 595)):  # a portrait page and a landscape slide
+        thumb = render(_pdf(1, width, height), None, RenderOptions(sizes=SIZES, fit="cover"))
+        big = _decode(thumb.renditions[-1].data)
+        assert big.size == (512, 512)
+        # The coloured band at the top is there, at the top; the page's black foot is not
+        # (a portrait page's square ends at 595 of its 842 points).
+        assert _is_red(big.getpixel((256, 5)))
+        bottom = [big.getpixel((x, 508)) for x in range(0, 512, 16)]
+        if height > width:
+            assert all(min(p) > 200 for p in bottom)
+
+
+def test_placeholders_follow_the_cropped_picture() -> None:
+    # A wide picture: two thirds plain green, a textured red subject on the right. Contain's
+    # dominant colour is the green; the square keeps the subject, and its colour is red.
+    img = Image.new("RGB", (1500, 500), (40, 160, 60))
+    draw = ImageDraw.Draw(img)
+    draw.rectangle([1000, 0, 1500, 500], fill=RED)
+    rng = random.Random(3)
+    for _ in range(400):
+        x, y = rng.randrange(1050, 1500), rng.randrange(0, 500)
+        draw.rectangle([x, y, x + 30, y + 30], fill=(rng.randrange(190, 240), 30, 40))
+    draw.rectangle([1000, 0, 1500, 500], outline=(0, 0, 0), width=3)
+    buf = io.BytesIO()
+    img.save(buf, "PNG")
+    contain = render(buf.getvalue(), None, RenderOptions(sizes=SIZES))
+    cover = render(buf.getvalue(), None, RenderOptions(sizes=SIZES, fit="cover"))
+    assert contain.dominant_color is not None and cover.dominant_color is not None
+    g = int(contain.dominant_color[3:5], 16)
+    assert g > 120  # green
+    r, g = int(cover.dominant_color[1:3], 16), int(cover.dominant_color[3:5], 16)
+    assert r > 150 and g < 100  # red
+    assert cover.thumbhash != contain.thumbhash
+
+
+def test_thumb_fit_and_pages_are_read_from_the_environment() -> None:
+    assert Config.from_env({}).thumb_fit == "contain"
+    assert Config.from_env({}).pages == 1
+    config = Config.from_env({"THUMBQ_THUMB_FIT": "Cover", "THUMBQ_PAGES": "4"})
+    assert (config.thumb_fit, config.pages) == ("cover", 4)
+    opts = render_options(config)
+    assert (opts.fit, opts.pages) == ("cover", 4)
+    with pytest.raises(ConfigError, match="THUMBQ_THUMB_FIT must be contain or cover"):
+        Config.from_env({"THUMBQ_THUMB_FIT": "fill"})
+    with pytest.raises(ConfigError, match="THUMBQ_PAGES must be between 1 and 100"):
+        Config.from_env({"THUMBQ_PAGES": "0"})
+
+
+# -- pages -----------------------------------------------------------------------------------------
+
+
+def test_pages_of_a_document_render_in_order_and_a_short_one_gives_what_it_has() -> None:
+    data = _pdf(3)
+    thumb = render(data, None, RenderOptions(sizes=SIZES, pages=5))
+    assert [(r.page, r.size) for r in thumb.renditions] == [
+        (p, s) for p in (1, 2, 3) for s in SIZES
+    ]
+    # The thumbnail itself, its size and placeholders are page 1's.
+    assert thumb.data == thumb.renditions[2].data and thumb.thumbhash
+    two = render(data, None, RenderOptions(sizes=SIZES, pages=2))
+    assert [r.page for r in two.renditions] == [1, 1, 1, 2, 2, 2]
+    one = render(data, None, RenderOptions(sizes=SIZES))
+    assert [r.page for r in one.renditions] == [1, 1, 1]
+    # A picture has one page whatever THUMBQ_PAGES says.
+    photo = render(_scene(800, 600, 0.5), None, RenderOptions(sizes=SIZES, pages=5))
+    assert [r.page for r in photo.renditions] == [1, 1, 1]
+
+
+def _batch_config(tmp_path: Path, db_url: str, **extra: str) -> Config:
+    return Config.from_env(
+        {
+            "THUMBQ_HOME": str(tmp_path / "home"),
+            "DATABASE_URL": db_url,
+            "THUMBQ_STORAGE_URL": (tmp_path / "storage").as_uri(),
+            "THUMBQ_CONCURRENCY": "1",
+            "THUMBQ_THUMB_SIZES": ",".join(map(str, SIZES)),
+            "THUMBQ_CRON_SECRET": SECRET,
+            **extra,
+        }
+    )
+
+
+def _run(config: Config, db_url: str, files: dict[str, bytes]) -> dict[str, dict[str, Any]]:
+    storage = open_storage(config)
+    for key, data in files.items():
+        storage.put(key, data, "application/pdf")
+    with (
+        db.connect(db_url) as conn,
+        RenderPool(render_options(config), 1, config.render_memory_mb) as pool,
+    ):
+        enqueue(conn, storage, config, [{"source_key": k} for k in files], "docs")
+        for _ in range(5):
+            run_batch(config, conn, storage, pool)
+            p = Queue(conn).progress("docs") or {}
+            if p.get("pending", 0) + p.get("processing", 0) == 0:
+                break
+        return {r["source_key"]: r for r in conn.execute("select * from thumbq.jobs")}
+
+
+def test_pages_1_to_n_are_stored_and_listed_in_order_and_page_1_keeps_its_key(
+    tmp_path: Path, db_url: str
+) -> None:
+    config = _batch_config(tmp_path, db_url, THUMBQ_PAGES="5")
+    jobs = _run(config, db_url, {"docs/report.pdf": _pdf(3), "docs/memo.pdf": _pdf(1)})
+    storage = open_storage(config)
+
+    report = jobs["docs/report.pdf"]
+    assert report["status"] == "completed", report["last_error"]
+    etag = report["source_etag"]
+
+    def keys(page: int | None) -> dict[str, str]:
+        return {str(s): thumbnail_key("docs/report.pdf", etag, s, "webp", page) for s in SIZES}
+
+    # Page 1 keeps today's keys; pages 2 and 3 (all the document has of the 5 asked) add theirs.
+    assert keys(None)["512"] == f"thumbnails/docs/report.pdf/{etag}-512.webp"
+    assert keys(2)["512"] == f"thumbnails/docs/report.pdf/{etag}-p2-512.webp"
+    assert report["thumbnail_key"] == keys(None)["512"]
+    assert report["thumbnails"] == {
+        **keys(None),
+        "pages": [
+            {"page": 1, "thumbnails": keys(None)},
+            {"page": 2, "thumbnails": keys(2)},
+            {"page": 3, "thumbnails": keys(3)},
+        ],
+    }
+    # Each page's picture is that page: compare the stored page 2 with a render of page 2 alone.
+    alone = render(_pdf(3), None, RenderOptions(sizes=SIZES, pdf_page=2))
+    stored, _ = storage.get(keys(2)["512"])
+    assert stored == alone.renditions[-1].data
+    first, _ = storage.get(keys(None)["512"])
+    assert first != stored
+
+    # A one-page document: today's shape, no list.
+    memo = jobs["docs/memo.pdf"]
+    assert set(memo["thumbnails"]) == {"128", "256", "512"}
+
+    # The API's answer: `thumbnails` keeps page 1's {size: key}; `pages` lists every page.
+    from api import create_app
+
+    app = create_app(config)
+    server = ServerThread(app).start()
+    try:
+        status, body, _ = call("GET", f"{server.url}/api/thumbnails/jobs/{report['id']}", SECRET)
+        assert status == 200 and body is not None
+        assert body["thumbnails"] == keys(None)
+        assert [p["page"] for p in body["pages"]] == [1, 2, 3]
+        assert body["pages"][1]["thumbnails"] == keys(2)
+        status, body, _ = call("GET", f"{server.url}/api/thumbnails/jobs/{memo['id']}", SECRET)
+        assert status == 200 and body is not None
+        assert body["pages"] == [{"page": 1, "thumbnails": memo["thumbnails"]}]
+        # The gallery hands the page an URL for each page of the report.
+        status, body, _ = call("GET", f"{server.url}/api/thumbnails/gallery?group_id=docs", SECRET)
+        assert status == 200 and body is not None
+        items = {i["source_key"]: i for i in body["thumbnails"]}
+        assert [p["page"] for p in items["docs/report.pdf"]["pages"]] == [1, 2, 3]
+        assert items["docs/memo.pdf"]["pages"] == []
+        status, _, headers = call("GET", server.url + items["docs/report.pdf"]["pages"][2]["url"])
+        assert status == 200 and headers["Content-Type"] == "image/webp"
+    finally:
+        server.close()
+        app.extensions["thumbq"].close()
+
+
+def test_one_page_is_the_default_and_keeps_todays_keys(tmp_path: Path, db_url: str) -> None:
+    config = _batch_config(tmp_path, db_url)
+    jobs = _run(config, db_url, {"docs/report.pdf": _pdf(3)})
+    job = jobs["docs/report.pdf"]
+    etag = job["source_etag"]
+    assert job["thumbnails"] == {
+        str(s): thumbnail_key("docs/report.pdf", etag, s, "webp") for s in SIZES
+    }
+    files = sorted(p.name for p in (tmp_path / "storage" / "thumbnails" / "docs").rglob("*.webp"))
+    assert files == sorted(f"{etag}-{s}.webp" for s in SIZES)

@@ -344,7 +344,7 @@ def test_wait_ms_runs_the_job_at_once_and_answers_200_with_its_result(
     job = body["job"]
     assert (job["status"], job["attempts"]) == ("completed", 1)
     assert job["result"]["payload"] == {"n": 3}
-    # A thread task runs in the request's thread, a process task in the app's render pool.
+    # A thread task runs in the app's process, a process task in the app's render pool.
     if task == "echo_thread":
         assert job["result"]["pid"] == os.getpid()
     else:
@@ -467,6 +467,35 @@ def test_a_job_cut_at_the_end_of_the_wait_is_handed_back_at_once_without_an_atte
     # Its message is visible at once: the next claim takes it, no backoff, no lease to wait.
     claim = Queue(conn).claim("next-batch", 5, 60)
     assert [j.id for j in claim.jobs] == [body["job_id"]]
+
+
+def test_wait_ms_bounds_the_answer_of_a_thread_handler_that_runs_on_and_it_runs_once(
+    client: FlaskClient, conn: db.Conn, jconfig: Config, tmp_path: Path
+) -> None:
+    """Regression (issue 20, item 2): a thread handler ran in the request's thread with no
+    bound, so `wait_ms` did not bound the answer. The answer now comes within the wait; the
+    handler, which cannot be stopped, keeps its job until it ends (a batch meanwhile does not
+    run it again), and its result is recorded then."""
+    log = tmp_path / "overrun.log"
+    payload = {"log": str(log), "sleep_s": 3}
+    started = time.monotonic()
+    r = post(client, {"task": "overrun_thread", "payload": payload, "wait_ms": 500})
+    took = time.monotonic() - started
+    body = r.get_json()
+    assert (r.status_code, body["wait"]["ran"], body["wait"]["reason"]) == (202, True, "running")
+    check_schema(body, "JobRun")
+    # Within the wait and the recording reserve (0.3 s), with room for a loaded machine.
+    assert took < 0.5 + 0.3 + 0.7, took
+    assert job_row(conn, body["job_id"])["status"] == "processing"
+    while (
+        job_row(conn, body["job_id"])["status"] == "processing" and time.monotonic() < started + 15
+    ):
+        run_batch(jconfig.with_(budget_ms=1000, buffer_ms=300), conn, open_storage(jconfig))
+        time.sleep(0.1)
+    row = job_row(conn, body["job_id"])
+    assert (row["status"], row["attempts"], row["result"]) == ("completed", 1, {"slept_s": 3})
+    starts = [json.loads(line)["at"] for line in log.read_text().splitlines()]
+    assert starts == ["start", "end"]
 
 
 def test_a_job_predicted_too_long_for_the_wait_is_not_started(

@@ -11,6 +11,7 @@ import pytest
 from PIL import Image, ImageDraw, ImageFilter
 
 from tests.liveapp import call
+from tests.pgtools import require
 from worker import db
 from worker.batch import render_options, run_batch
 from worker.config import Config, ConfigError
@@ -289,3 +290,64 @@ def test_one_page_is_the_default_and_keeps_todays_keys(tmp_path: Path, db_url: s
     }
     files = sorted(p.name for p in (tmp_path / "storage" / "thumbnails" / "docs").rglob("*.webp"))
     assert files == sorted(f"{etag}-{s}.webp" for s in SIZES)
+
+
+def test_a_decks_slides_through_libreoffice_are_its_pages() -> None:
+    from tests import formats_corpus as fc
+    from worker.render.office import find_soffice
+
+    soffice = find_soffice()
+    require(soffice is not None, "LibreOffice (soffice) is not installed")
+    opts = RenderOptions(sizes=SIZES, pages=5, soffice=soffice)
+    with RenderPool(opts, 1, 1024) as pool:
+        thumb = pool.render(fc.pptx_deck(), None, timeout_s=60)
+    # Three slides of the five asked: each slide at every size, in order, the first slide's red
+    # rectangle on page 1 only.
+    assert [(r.page, r.size) for r in thumb.renditions] == [
+        (p, s) for p in (1, 2, 3) for s in SIZES
+    ]
+    reds = []
+    for r in thumb.renditions[2::3]:
+        img = _decode(r.data)
+        reds.append(
+            sum(
+                _is_red(img.getpixel((x, y)))
+                for x in range(0, img.width, 8)
+                for y in range(0, img.height, 8)
+            )
+        )
+    assert reds[0] > 100 and reds[1] == reds[2] == 0
+
+
+def _epub(chapters: int) -> bytes:
+    """A book of `chapters` short chapters (a page each), chapter n headed "Chapter n"."""
+    from ebooklib import epub
+
+    book = epub.EpubBook()
+    book.set_identifier("thumbq-pages-book")
+    book.set_title("A book of pages")
+    book.set_language("en")
+    items = []
+    for n in range(1, chapters + 1):
+        chapter = epub.EpubHtml(title=f"Chapter {n}", file_name=f"c{n}.xhtml", lang="en")
+        chapter.content = f"<html><body><h1>Chapter {n}</h1><p>A short chapter.</p></body></html>"
+        book.add_item(chapter)
+        items.append(chapter)
+    book.toc = tuple(items)
+    book.spine = items
+    book.add_item(epub.EpubNcx())
+    book.add_item(epub.EpubNav())
+    out = io.BytesIO()
+    epub.write_epub(out, book)
+    return out.getvalue()
+
+
+def test_an_epubs_pages_until_the_book_ends() -> None:
+    import pymupdf
+
+    data = _epub(3)
+    assert pymupdf.open(stream=data, filetype="epub").page_count == 3
+    thumb = render(data, None, RenderOptions(size=256, pages=100))
+    assert [r.page for r in thumb.renditions] == [1, 2, 3]
+    two = render(data, None, RenderOptions(size=256, pages=2))
+    assert [r.page for r in two.renditions] == [1, 2]

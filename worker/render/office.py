@@ -202,8 +202,10 @@ class OfficeConverter:
         self.starts = 0  # how many soffice processes were started (tests, operators)
         self.conversions = 0
 
-    def convert_to_pdf(self, data: bytes, source_type: str, deadline: float) -> bytes:
-        """The first page or slide of the document as a one-page PDF, or ThumbqError:
+    def convert_to_pdf(
+        self, data: bytes, source_type: str, deadline: float, pages: int = 1
+    ) -> bytes:
+        """The first `pages` pages or slides of the document as a PDF, or ThumbqError:
         `render_timeout` when `deadline` (time.monotonic()) passes first, `corrupt_input` when
         LibreOffice cannot open it, `internal` when LibreOffice cannot run."""
         kind = OFFICE_TYPES[source_type]
@@ -220,7 +222,12 @@ class OfficeConverter:
             out = self._scratch / f"{name}.pdf"
             src.write_bytes(data)
             try:
-                request = {"in": str(src), "out": str(out), "filter": _PDF_FILTERS[kind]}
+                request = {
+                    "in": str(src),
+                    "out": str(out),
+                    "filter": _PDF_FILTERS[kind],
+                    "pages": pages,  # its first `pages` pages (RenderOptions.pages)
+                }
                 reply = self._ask(proc, request, deadline)
                 if not reply.get("ok"):
                     raise ThumbqError(

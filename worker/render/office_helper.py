@@ -121,7 +121,8 @@ def main() -> None:
                 raise RuntimeError("LibreOffice cannot open this document")
             try:
                 filter_data = uno.Any(
-                    "[]com.sun.star.beans.PropertyValue", (prop("PageRange", "1"),)
+                    "[]com.sun.star.beans.PropertyValue",
+                    (prop("PageRange", f"1-{max(1, int(request.get('pages', 1)))}"),),
                 )
                 doc.storeToURL(
                     uno.systemPathToFileUrl(request["out"]),

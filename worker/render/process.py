@@ -342,7 +342,7 @@ class RenderPool:
                 self._office = OfficeConverter(self.opts.soffice)
             office = self._office
         try:
-            pdf = office.convert_to_pdf(data, source_type, first_deadline)
+            pdf = office.convert_to_pdf(data, source_type, first_deadline, self.opts.pages)
         except ThumbqError as exc:
             if exc.code == RENDER_TIMEOUT and first_deadline < deadline:
                 degraded = True

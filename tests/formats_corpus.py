@@ -746,3 +746,20 @@ FORMATS: dict[str, Expect] = {
     "webm": Expect(webm_video, 16 / 9, colour=BLUE),
     "mkv": Expect(mkv_video, 16 / 9, colour=BLUE),
 }
+
+
+# -- icons and cursors -----------------------------------------------------------------------------
+
+
+def icon(sizes: tuple[int, ...], *, bitmap_format: str = "png", cursor: bool = False) -> bytes:
+    """A Windows icon of the red-and-blue picture at each of `sizes` (PNG or BMP entries); as a
+    cursor its directory says type 2 and each entry carries a hotspot of (3, 5)."""
+    out = io.BytesIO()
+    picture = Image.open(io.BytesIO(quadrant_png(max(sizes), max(sizes)))).convert("RGBA")
+    picture.save(out, "ICO", sizes=[(s, s) for s in sizes], bitmap_format=bitmap_format)
+    data = bytearray(out.getvalue())
+    if cursor:
+        data[2] = 2
+        for i in range(int.from_bytes(data[4:6], "little")):
+            data[6 + 16 * i + 4 : 6 + 16 * i + 8] = struct.pack("<HH", 3, 5)
+    return bytes(data)

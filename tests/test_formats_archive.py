@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import gzip
 import io
+import struct
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,11 +21,17 @@ from PIL import Image
 
 from bench.corpus import BLUE, RED
 from tests import formats_corpus as fc
-from worker.errors import ENCRYPTED_INPUT, UNSUPPORTED_TYPE, ThumbqError
+from worker.errors import (
+    CORRUPT_INPUT,
+    ENCRYPTED_INPUT,
+    TOO_LARGE,
+    UNSUPPORTED_TYPE,
+    ThumbqError,
+)
 from worker.render import RenderOptions, render
 from worker.render.office import find_soffice
 from worker.render.process import RenderPool
-from worker.render.sniff import DOC, OLE2, PPT, RTF, XLS, sniff
+from worker.render.sniff import CUR, DOC, ICO, OLE2, PPT, RTF, XLS, sniff
 
 FIXTURES = Path(__file__).parent / "fixtures" / "formats"
 SOFFICE = find_soffice()
@@ -146,3 +154,35 @@ def test_a_damaged_compound_file_is_no_office_document() -> None:
     data = fixture("harmless-clean.doc")
     for broken in (data[:700], data[:512] + b"\xff" * 4096, data[:0x30] + b"\xff" * 4):
         assert sniff(broken) == OLE2
+
+
+# -- icons and cursors -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bitmap_format", ["png", "bmp"])
+@pytest.mark.parametrize("cursor", [False, True], ids=["ico", "cur"])
+def test_an_icon_or_cursor_gives_its_largest_image(bitmap_format: str, cursor: bool) -> None:
+    data = fc.icon((16, 48, 256), bitmap_format=bitmap_format, cursor=cursor)
+    thumb = render(data, "application/octet-stream", RenderOptions(sizes=SIZES))
+    assert thumb.source_type == (CUR if cursor else ICO)
+    assert (thumb.width, thumb.height) == (256, 256)  # the 256 entry, never enlarged to 512
+    img = decode(thumb.data)
+    assert has_colour(img, RED) and has_colour(img, BLUE)
+
+
+def test_a_damaged_icon_is_corrupt_input_and_a_huge_one_too_large() -> None:
+    data = fc.icon((16, 32))
+    with pytest.raises(ThumbqError) as info:
+        render(data[:40], None, RenderOptions())
+    assert info.value.code == CORRUPT_INPUT
+    # Entries whose PNGs declare 65535 x 65535 pixels (a decompression bomb).
+    bomb = bytearray(data)
+    png_at = data.find(b"\x89PNG")
+    while png_at >= 0:
+        bomb[png_at + 16 : png_at + 24] = struct.pack(">II", 65535, 65535)
+        crc = zlib.crc32(bytes(bomb[png_at + 12 : png_at + 29]))
+        bomb[png_at + 29 : png_at + 33] = struct.pack(">I", crc)
+        png_at = data.find(b"\x89PNG", png_at + 1)
+    with pytest.raises(ThumbqError) as info:
+        render(bytes(bomb), None, RenderOptions())
+    assert info.value.code == TOO_LARGE

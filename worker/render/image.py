@@ -1,5 +1,5 @@
-"""Raster images (JPEG, PNG, GIF, WebP, TIFF, BMP, HEIC/HEIF, AVIF, PSD) to thumbnails with
-Pillow (and pillow-heif for HEIC).
+"""Raster images (JPEG, PNG, GIF, WebP, TIFF, BMP, HEIC/HEIF, AVIF, PSD, ICO, CUR) to thumbnails
+with Pillow (and pillow-heif for HEIC). An icon or cursor gives its largest image.
 
 The pixel count is checked from the header before anything is decoded; JPEGs are decoded at
 reduced scale by libjpeg itself; every mode Pillow can produce is brought to 8-bit L/RGB(A). A
@@ -19,6 +19,7 @@ from PIL import (
     BmpImagePlugin,
     ExifTags,
     GifImagePlugin,
+    IcoImagePlugin,
     Image,
     ImageOps,
     JpegImagePlugin,
@@ -32,7 +33,7 @@ from PIL import (
 from worker.errors import CORRUPT_INPUT, TOO_LARGE, UNSUPPORTED_TYPE, ThumbqError
 from worker.render import RenderOptions, Thumbnail
 from worker.render.output import REDUCING_GAP, encode, finish, fit_inside
-from worker.render.sniff import HEIC, HEIF, IMAGE_FORMATS, sniff
+from worker.render.sniff import CUR, HEIC, HEIF, IMAGE_FORMATS, sniff
 
 __all__ = ["encode", "fit_inside", "open_image", "render_image"]
 
@@ -42,6 +43,7 @@ _PLUGINS = (
     AvifImagePlugin,
     BmpImagePlugin,
     GifImagePlugin,
+    IcoImagePlugin,
     JpegImagePlugin,
     PngImagePlugin,
     PsdImagePlugin,
@@ -136,6 +138,8 @@ def _open(
             return fast
     if pil_format == "HEIF":
         _register_heif()
+    if source_type == CUR:
+        data = cursor_as_icon(data)
     try:
         with warnings.catch_warnings():
             # Our own limit, checked below before any decoding, refuses everything Pillow would
@@ -197,6 +201,24 @@ def open_heic(
         # The last row and column of shrunk pixels may be partly beyond the picture's edge.
         draft_box = (0.0, 0.0, width / factor, height / factor)
     return img, (width, height), draft_box
+
+
+def cursor_as_icon(data: bytes) -> bytes:
+    """A cursor as the icon it is laid out like: its directory's type 2 becomes 1 and each
+    entry's hotspot (where an icon keeps planes and bit depth) is cleared.
+
+    Pillow's own cursor reader takes one picture by a comparison that ranks a 256-pixel entry
+    (stored as width 0) below a 16-pixel one, and cannot read PNG entries; its icon reader picks
+    the largest and reads both kinds."""
+    count = int.from_bytes(data[4:6], "little")
+    out = bytearray(data)
+    out[2] = 1
+    for i in range(count):
+        entry = 6 + 16 * i
+        if entry + 16 > len(out):
+            break
+        out[entry + 4 : entry + 8] = b"\x00\x00\x00\x00"
+    return bytes(out)
 
 
 def _check_pixels(width: int, height: int, opts: RenderOptions) -> None:

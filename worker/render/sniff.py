@@ -23,6 +23,8 @@ HEIC = "image/heic"
 HEIF = "image/heif"
 AVIF = "image/avif"
 PSD = "image/vnd.adobe.photoshop"
+ICO = "image/vnd.microsoft.icon"
+CUR = "image/x-win-bitmap"  # freedesktop's name for a Windows cursor
 SVG = "image/svg+xml"
 MP4 = "video/mp4"
 MOV = "video/quicktime"
@@ -61,6 +63,8 @@ IMAGE_FORMATS: dict[str, str] = {
     HEIF: "HEIF",
     AVIF: "AVIF",
     PSD: "PSD",
+    ICO: "ICO",
+    CUR: "ICO",  # read as the icon it is laid out like (see image.py)
 }
 #: Documents MuPDF lays out or draws, with the `filetype` it opens each one as.
 MUPDF_FORMATS: dict[str, str] = {PDF: "pdf", EPUB: "epub", XPS: "xps", CBZ: "cbz", FB2: "fb2"}
@@ -138,6 +142,10 @@ def sniff(data: bytes) -> str | None:
         return WEBM if b"webm" in data[:64] else MKV
     if head.startswith(b"8BPS"):
         return PSD
+    if head.startswith((b"\x00\x00\x01\x00", b"\x00\x00\x02\x00")) and len(data) >= 6 + 16:
+        # ICONDIR (type 1 icon, 2 cursor) then 16-byte entries whose fourth byte is reserved 0.
+        if data[9] == 0 and int.from_bytes(data[4:6], "little") > 0:
+            return ICO if head[2] == 1 else CUR
     if head.startswith(b"PK\x03\x04"):
         return _sniff_zip(data)
     if head.startswith(b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"):
@@ -259,8 +267,6 @@ def zip_names(data: bytes, limit: int = ZIP_MAX_ENTRIES) -> list[str]:
 def _sniff_other(data: bytes) -> str | None:
     """Name common types thumbq does not render, so that errors can say what a file really was."""
     head = data[:16]
-    if head.startswith(b"\x00\x00\x01\x00"):
-        return "image/x-icon"
     if head.startswith(b"\x1f\x8b"):
         return "application/gzip"
     text = _as_text(data[:1024])

@@ -16,8 +16,9 @@ the request `{"template", "data"}` as JSON, the answer's bytes written to storag
 - Errors are classified: a 429, a 5xx, a timeout or a refused connection retries with backoff
   (`TransientError`, up to 5 attempts); any other 4xx ends the job `failed` at once
   (`PermanentError`, code `docgen_rejected`, the API's message in `last_error`).
-- The handler runs in a worker thread (`runs_in="thread"`: it waits on the network, not the
-  CPU) and never starts a call that could not end before the invocation's deadline.
+- The handler runs in a thread (`runs_in="thread"`: it waits on the network, not the CPU) and
+  never starts a call, or the PUT that stores its answer, that could not end before the
+  invocation's deadline: a thread cannot be stopped, so it watches the time itself.
 
 Run it (three terminals; `thumbq up` uses the embedded Postgres and ~/.local/share/thumbq):
 
@@ -50,6 +51,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from examples import common
+from worker.storage import BoundedStorage
 from worker.tasks import PermanentError, TaskContext, TransientError, task
 
 TASK = "docgen"
@@ -60,6 +62,10 @@ DEFAULT_API_URL = "http://127.0.0.1:8765"
 # A call is only started with at least this much of the invocation left; with less, the job
 # waits for the next invocation (a checkpoint: no attempt used).
 MIN_CALL_S = 1.0
+# Storing the document is only started with this much left (a small PUT takes milliseconds on
+# a local disk and tens of them on S3; the PUT is cut at the deadline all the same), so the
+# call's answer must have arrived by then.
+PUT_RESERVE_S = 0.3
 # What is kept of an error answer in the job's last_error.
 ERROR_TEXT_MAX = 300
 EXTENSIONS = {"application/pdf": "pdf", "text/html": "html", "text/plain": "txt"}
@@ -103,7 +109,7 @@ def generate(ctx: TaskContext, payload: Any) -> Any:
         raise PermanentError(
             'a docgen payload is {"template": "<name>", "data": {...}}', code="bad_payload"
         )
-    timeout_s = ctx.remaining_ms() / 1000 - 0.2
+    timeout_s = ctx.remaining_ms() / 1000 - PUT_RESERVE_S
     if timeout_s < MIN_CALL_S:
         return ctx.checkpoint(ctx.state)
     digest = request_hash(payload)
@@ -122,7 +128,7 @@ def generate(ctx: TaskContext, payload: Any) -> Any:
             chunks = []
             while chunk := answer.read(64 * 1024):
                 chunks.append(chunk)
-                if ctx.remaining_ms() <= 0:
+                if ctx.remaining_ms() / 1000 <= PUT_RESERVE_S:
                     raise TransientError(
                         "the document API's answer did not end before the deadline",
                         code="docgen_unavailable",
@@ -140,7 +146,16 @@ def generate(ctx: TaskContext, payload: Any) -> Any:
             f"the document API at {url} could not be reached: {reason}", code="docgen_unreachable"
         ) from None
     key = f"documents/{digest}.{EXTENSIONS.get(content_type, 'bin')}"
-    common.storage().put(key, body, content_type)
+    if ctx.remaining_ms() / 1000 < PUT_RESERVE_S:
+        # No time left to store it: the job waits for the next invocation (no attempt used),
+        # which asks again under the same Idempotency-Key (not charged twice by an API that
+        # honours it).
+        return ctx.checkpoint(ctx.state)
+    storage = BoundedStorage(common.storage(), lambda: ctx.remaining_ms() / 1000)
+    try:
+        storage.put(key, body, content_type)  # cut at the deadline (StorageTimeout: a retry)
+    finally:
+        storage.close()
     return {"key": key, "bytes": len(body), "content_type": content_type, "request_hash": digest}
 
 

@@ -295,7 +295,7 @@ class OfficeConverter:
         return self._proc
 
     def _ask(
-        self, proc: subprocess.Popen[bytes], request: dict[str, str], deadline: float
+        self, proc: subprocess.Popen[bytes], request: dict[str, object], deadline: float
     ) -> dict[str, object]:
         assert proc.stdin is not None
         try:

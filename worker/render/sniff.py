@@ -142,10 +142,14 @@ def sniff(data: bytes) -> str | None:
         return WEBM if b"webm" in data[:64] else MKV
     if head.startswith(b"8BPS"):
         return PSD
-    if head.startswith((b"\x00\x00\x01\x00", b"\x00\x00\x02\x00")) and len(data) >= 6 + 16:
-        # ICONDIR (type 1 icon, 2 cursor) then 16-byte entries whose fourth byte is reserved 0.
-        if data[9] == 0 and int.from_bytes(data[4:6], "little") > 0:
-            return ICO if head[2] == 1 else CUR
+    # ICONDIR (type 1 icon, 2 cursor) then 16-byte entries whose fourth byte is reserved 0.
+    if (
+        head.startswith((b"\x00\x00\x01\x00", b"\x00\x00\x02\x00"))
+        and len(data) >= 6 + 16
+        and data[9] == 0
+        and int.from_bytes(data[4:6], "little") > 0
+    ):
+        return ICO if head[2] == 1 else CUR
     if head.startswith(b"PK\x03\x04"):
         return _sniff_zip(data)
     if head.startswith(b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"):

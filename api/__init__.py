@@ -28,7 +28,7 @@ def create_app(
     `db_timeout_s` bounds how long a request waits for a database connection before it answers
     503; `pooled=False` opens one connection per request instead of keeping a pool.
     """
-    from api import errors, jobs, metrics, operator, ops, stream, thumbnails
+    from api import errors, jobs, metrics, operator, ops, signed, stream, thumbnails
     from api.openapi import bp as openapi_bp
 
     config = config or Config.from_env()
@@ -47,6 +47,7 @@ def create_app(
     app.register_blueprint(jobs.bp)
     app.register_blueprint(ops.bp)
     app.register_blueprint(metrics.bp)
+    app.register_blueprint(signed.bp)
     app.register_blueprint(operator.bp)
     app.register_blueprint(openapi_bp)
     # The progress page lives in its own module, which may not exist in every build.

@@ -16,6 +16,7 @@ from flask import Blueprint, Response
 from api import validation as v
 from api.auth import require_admin
 from api.errors import ApiError, json_response
+from api.signed import signer
 from api.thumbnails import state
 from worker import db
 from worker.jobs import SequenceConflict, view
@@ -67,7 +68,7 @@ def _run_now(accepted: dict[str, Any], wait_ms: int) -> Response:
             "retry_after_ms": None,
             "duration_ms": 0,
         }
-        return json_response({**accepted, "wait": wait, "job": view(row)}, 202)
+        return json_response({**accepted, "wait": wait, "job": view(row, signer())}, 202)
     try:
         from worker.interactive import run_job
 
@@ -89,7 +90,12 @@ def _run_now(accepted: dict[str, Any], wait_ms: int) -> Response:
     headers = {}
     if run.retry_after_ms is not None:
         headers["Retry-After"] = str(max(1, math.ceil(run.retry_after_ms / 1000)))
-    body = {**accepted, "status": run.row["status"], "wait": run.summary(), "job": view(run.row)}
+    body = {
+        **accepted,
+        "status": run.row["status"],
+        "wait": run.summary(),
+        "job": view(run.row, signer()),
+    }
     return json_response(body, 200 if run.finished else 202, headers)
 
 
@@ -110,7 +116,7 @@ def show(job_id: str) -> Response:
     jid = v.job_id(job_id)
     with st.connection() as conn:
         row = _row(conn, jid)
-    return json_response(view(row))
+    return json_response(view(row, signer()))
 
 
 @bp.post("/api/jobs/<job_id>/cancel")

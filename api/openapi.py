@@ -66,6 +66,19 @@ READER: list[dict[str, list[str]]] = [{"adminSecret": []}, {"userJwt": []}]
 _ADMIN_ERRORS = {"401": _err("Unauthorized"), "503": _err("Unavailable")}
 _BODY_ERRORS = {"400": _err("BadRequest"), "413": _err("TooLarge")}
 _COUNTS = ("total", "pending", "processing", "completed", "failed", "unsupported", "cancelled")
+# With THUMBQ_SIGNED_URL_TTL_S set, job answers carry these (worker/urls.py).
+_URL_FIELDS: dict[str, Any] = {
+    "thumbnail_url": {
+        "type": ["string", "null"],
+        "description": "THUMBQ_SIGNED_URL_TTL_S only: a URL that GETs the largest thumbnail with "
+        "no credentials until it expires (S3's presigned GET, or /thumbnails/... signed).",
+    },
+    "thumbnail_urls": {
+        "type": ["object", "null"],
+        "description": "THUMBQ_SIGNED_URL_TTL_S only: box size -> such a URL, and `pages` "
+        "([{page, thumbnails: {size: URL}}]) for a document with several pages.",
+    },
+}
 
 
 def _body(schema: dict[str, Any], required: bool = True) -> dict[str, Any]:
@@ -367,6 +380,7 @@ SCHEMAS: dict[str, Any] = {
             "duration_ms": {"type": ["integer", "null"]},
             "msg_id": {"type": ["integer", "null"]},
             "dlq_msg_id": {"type": ["integer", "null"]},
+            **_URL_FIELDS,
             "worker_id": {"type": ["string", "null"]},
             **{
                 t: {"type": ["string", "null"], "format": "date-time"}
@@ -656,6 +670,7 @@ _JOB_SCHEMAS: dict[str, Any] = {
                 "description": "How often the handler checkpointed (its state stays inside).",
             },
             "duration_ms": {"type": ["integer", "null"]},
+            **_URL_FIELDS,
             **{
                 t: {"type": ["string", "null"], "format": "date-time"}
                 for t in (
@@ -1065,6 +1080,35 @@ PATHS: dict[str, Any] = {
             },
             security=ADMIN,
             op_id="getMetrics",
+        )
+    },
+    "/thumbnails/{name}": {
+        "get": _op(
+            "One thumbnail (thumbnails/<name>) for a signed URL of a job answer, no credentials: "
+            "403 signature_invalid or url_expired otherwise.",
+            {
+                "200": {
+                    "description": "The image.",
+                    "content": {
+                        t: {"schema": {"type": "string", "contentMediaType": t}}
+                        for t in ("image/webp", "image/jpeg", "image/png", "image/avif")
+                    },
+                },
+                "400": _err("BadRequest"),
+                "403": _json(_ref("Error"), "signature_invalid, or url_expired."),
+                "404": _err("NotFound"),
+            },
+            parameters=[
+                {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}},
+                {"name": "expires", "in": "query", "required": True, "schema": {"type": "string"}},
+                {
+                    "name": "signature",
+                    "in": "query",
+                    "required": True,
+                    "schema": {"type": "string"},
+                },
+            ],
+            op_id="getSignedThumbnail",
         )
     },
     "/api/openapi.json": {

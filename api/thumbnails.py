@@ -267,6 +267,11 @@ def job(job_id: str) -> Response:
         row = _queue(conn).job(jid)
     if row is None:
         raise ApiError(404, "job_not_found", f"no job {jid}")
+    from api.signed import signer
+
+    urls = signer()
+    if urls is not None:
+        row.update(urls.fields(row))
     thumbnails = row.get("thumbnails")
     if isinstance(thumbnails, dict):
         # `thumbnails` stays the first page's {size: key}; `pages` lists every page in order

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from worker import db
     from worker.config import Config
     from worker.storage import Storage
+    from worker.urls import UrlSigner
 
 # A job in one of these has ended: nothing more happens to it unless someone acts.
 TERMINAL = frozenset({"completed", "failed", "unsupported", "cancelled"})
@@ -138,12 +139,15 @@ def enqueue(
     return out
 
 
-def view(row: Mapping[str, Any]) -> dict[str, Any]:
+def view(row: Mapping[str, Any], urls: UrlSigner | None = None) -> dict[str, Any]:
     """A job's public view (GET /api/jobs/<id>, `thumbq jobs show`): status, payload, result,
     error, attempts, priority, ordering, progress and times. A thumbnail job's payload is its
     source (`source_key`, `etag`, `content_type`) and its result, once completed, its
-    thumbnails' keys and look."""
+    thumbnails' keys and look; with `urls` (THUMBQ_SIGNED_URL_TTL_S), `thumbnail_url` and
+    `thumbnail_urls` that fetch them without credentials until they expire."""
     out = {k: row.get(k) for k in VIEW_FIELDS}
+    if urls is not None:
+        out.update(urls.fields(row))
     if (row.get("task") or THUMBNAIL) == THUMBNAIL:
         out["task"] = THUMBNAIL
         out["payload"] = {
@@ -160,10 +164,11 @@ def view(row: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def get(conn: db.Conn, job_id: int) -> dict[str, Any] | None:
-    """One job's public view, or None when there is no such job."""
+def get(conn: db.Conn, job_id: int, urls: UrlSigner | None = None) -> dict[str, Any] | None:
+    """One job's public view (with signed thumbnail URLs when `urls` is given), or None when
+    there is no such job."""
     row = Queue(conn).job(job_id)
-    return None if row is None else view(row)
+    return None if row is None else view(row, urls)
 
 
 def cancel(conn: db.Conn, job_id: int) -> dict[str, Any] | None:

@@ -763,3 +763,37 @@ def icon(sizes: tuple[int, ...], *, bitmap_format: str = "png", cursor: bool = F
         for i in range(int.from_bytes(data[4:6], "little")):
             data[6 + 16 * i + 4 : 6 + 16 * i + 8] = struct.pack("<HH", 3, 5)
     return bytes(data)
+
+
+# -- SVG with embedded pictures --------------------------------------------------------------------
+
+
+def svg_embedding(href: str) -> bytes:
+    """A white 100 x 100 drawing whose only picture is the `<image>` that `href` names."""
+    return (
+        '<svg xmlns="http://www.w3.org/2000/svg" xmlns:xlink="http://www.w3.org/1999/xlink" '
+        'width="100" height="100"><rect width="100" height="100" fill="white"/>'
+        f'<image x="0" y="0" width="100" height="100" xlink:href="{href}"/></svg>'
+    ).encode()
+
+
+def svg_red_square(extra: str = "") -> bytes:
+    """A 40 x 40 drawing whose top-left quarter is red (and whatever `extra` markup adds)."""
+    return (
+        '<svg xmlns="http://www.w3.org/2000/svg" xmlns:xlink="http://www.w3.org/1999/xlink" '
+        f'width="40" height="40"><rect width="20" height="20" fill="rgb(220,30,30)"/>{extra}</svg>'
+    ).encode()
+
+
+def svg_slow_filter(radius: int = 60) -> bytes:
+    """A drawing with a red square dilated by `feMorphology`: resvg takes about a minute at
+    512 px for a radius of 50 (cost grows with the radius), so only a render without filters
+    finishes in a window of seconds."""
+    return (
+        '<svg xmlns="http://www.w3.org/2000/svg" width="200" height="200">'
+        f'<filter id="f"><feMorphology operator="dilate" radius="{radius}"/></filter>'
+        "<style>.s { filter: url(#f) }</style>"
+        '<rect width="200" height="200" fill="white"/>'
+        '<rect x="50" y="50" width="100" height="100" fill="rgb(220,30,30)" filter="url(#f)"/>'
+        '<rect class="s" x="0" y="0" width="20" height="20" fill="rgb(30,60,220)"/></svg>'
+    ).encode()

@@ -9,9 +9,13 @@ Tests that need LibreOffice are skipped, naming it, where `soffice` is missing (
 
 from __future__ import annotations
 
+import base64
 import gzip
 import io
 import struct
+import textwrap
+import time
+import urllib.parse
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +25,7 @@ from PIL import Image
 
 from bench.corpus import BLUE, RED
 from tests import formats_corpus as fc
+from tests.httpstub import HttpStub
 from worker.errors import (
     CORRUPT_INPUT,
     ENCRYPTED_INPUT,
@@ -186,3 +191,77 @@ def test_a_damaged_icon_is_corrupt_input_and_a_huge_one_too_large() -> None:
     with pytest.raises(ThumbqError) as info:
         render(bytes(bomb), None, RenderOptions())
     assert info.value.code == TOO_LARGE
+
+
+# -- SVG: embedded pictures, never a fetch, a render without filters -------------------------------
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _as(picture_format: str) -> bytes:
+    out = io.BytesIO()
+    Image.open(io.BytesIO(fc.quadrant_png(40, 40))).convert("RGB").save(out, picture_format)
+    return out.getvalue()
+
+
+EMBEDDED = {
+    "png": lambda: f"data:image/png;base64,{_b64(fc.quadrant_png(40, 40))}",
+    "jpeg_wrapped": lambda: (
+        "data:image/jpeg;base64," + "\n".join(textwrap.wrap(_b64(_as("JPEG")), 76))
+    ),
+    "bmp": lambda: f"data:image/bmp;base64,{_b64(_as('BMP'))}",
+    "no_type": lambda: f"data:;base64,{_b64(fc.quadrant_png(40, 40))}",
+    "svg": lambda: f"data:image/svg+xml;base64,{_b64(fc.svg_red_square())}",
+    "svgz": lambda: f"data:image/svg+xml;base64,{_b64(gzip.compress(fc.svg_red_square()))}",
+    "svg_percent": lambda: (
+        "data:image/svg+xml;utf8," + urllib.parse.quote(fc.svg_red_square().decode())
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(EMBEDDED))
+def test_an_svg_shows_the_picture_embedded_in_a_data_uri(name: str) -> None:
+    thumb = render(fc.svg_embedding(EMBEDDED[name]()), None, RenderOptions(sizes=SIZES))
+    img = decode(thumb.data)
+    # The picture's red quarter fills the drawing's top-left quarter.
+    assert has_colour(img.crop((0, 0, 200, 200)), RED, tolerance=30)
+    assert not has_colour(img.crop((300, 300, 512, 512)), RED, tolerance=60)
+
+
+@pytest.fixture
+def http_recorder() -> Iterator[HttpStub]:
+    """A loopback server that records every request (and answers each with a PNG)."""
+    stub = HttpStub(lambda _req: (200, {"Content-Type": "image/png"}, fc.quadrant_png(8, 8)))
+    yield stub
+    stub.close()
+
+
+def test_an_svg_embedded_in_an_svg_still_fetches_nothing_and_reads_no_file(
+    http_recorder: HttpStub, tmp_path: Path
+) -> None:
+    secret = tmp_path / "secret.png"
+    Image.new("RGB", (50, 50), BLUE).save(secret)
+    file_image = f'<image href="{secret}" width="40" height="40"/>'
+    inner = fc.svg_red_square(
+        file_image + f'<image xlink:href="file://{secret}" width="40" height="40"/>'
+        f'<image href="{http_recorder.url}/remote.png" width="40" height="40"/>'
+        # One level deeper, the same again.
+        f'<image href="data:image/svg+xml;base64,{_b64(fc.svg_red_square(file_image))}"/>'
+    )
+    svg = fc.svg_embedding(f"data:image/svg+xml;base64,{_b64(gzip.compress(inner))}")
+    img = decode(render(svg, None, RenderOptions()).data)
+    assert has_colour(img, RED) and not has_colour(img, BLUE), "a file was read"
+    time.sleep(0.2)
+    assert http_recorder.requests == []
+
+
+def test_an_svg_whose_filter_cannot_finish_gets_a_render_without_filters(
+    pool: RenderPool,
+) -> None:
+    started = time.monotonic()
+    thumb = pool.render(fc.svg_slow_filter(), None, timeout_s=15, degrade_after_s=1.0)
+    assert thumb.degraded and time.monotonic() - started < 15
+    img = decode(thumb.data)
+    assert has_colour(img, RED) and has_colour(img, BLUE)

@@ -1,10 +1,17 @@
 """SVG drawings to thumbnails with resvg (a static SVG renderer: no scripts, no network).
 
 resvg itself reads any file path an `<image>` names (`/etc/...`, `../secret.png`), so the drawing
-is first parsed here and cleaned: only in-document references (`#id`) and embedded raster
-images (`data:image/png;base64,...`, pixel count checked) survive; scripts and foreign objects
-go. The XML parser is expat, which refuses entity expansion bombs ("billion laughs") by its
-amplification limit and never loads external entities.
+is first parsed here and cleaned: only in-document references (`#id`) and embedded images
+(`data:` URIs) survive; scripts and foreign objects go. An embedded image is decoded here and
+embedded again in the one form resvg reads: PNG, JPEG, GIF and WebP as clean base64 (pixel count
+checked), other rasters Pillow reads (BMP, TIFF, ICO, ...) converted to PNG, and an SVG or SVGZ
+cleaned like the drawing itself (two levels deep at most). The XML parser is expat, which refuses
+entity expansion bombs ("billion laughs") by its amplification limit and never loads external
+entities.
+
+A drawing that cannot finish in its window (a filter such as `feMorphology` with a huge radius
+costs minutes) gets a degraded render: half the size, no anti-aliasing, no embedded images and no
+filters.
 """
 
 from __future__ import annotations
@@ -13,7 +20,9 @@ import base64
 import binascii
 import io
 import re
+import urllib.parse
 import xml.etree.ElementTree as ET
+import zlib
 
 from PIL import Image
 
@@ -25,8 +34,18 @@ from worker.render.sniff import SVG
 # An SVG is text: anything larger is generated data (a plot with millions of points) or hostile.
 MAX_SVG_BYTES = 20 * 1024 * 1024
 MAX_ELEMENTS = 200_000
-_DATA_IMAGE = re.compile(r"data:image/(png|jpeg|jpg|gif|webp);base64,", re.IGNORECASE)
+_DATA_URI = re.compile(r"data:([^,]*),", re.IGNORECASE)
+# Embedded SVGs inside embedded SVGs: deeper ones are dropped.
+MAX_NESTING = 2
 _DROPPED_TAGS = frozenset({"script", "foreignObject", "iframe", "audio", "video"})
+# What resvg decodes itself, by the type sniff() gives.
+_RESVG_RASTERS = {
+    "image/png": "image/png",
+    "image/jpeg": "image/jpeg",
+    "image/gif": "image/gif",
+    "image/webp": "image/webp",
+}
+_CSS_FILTER = re.compile(r"(?<![-\w])filter\s*:[^;}]*;?", re.IGNORECASE)
 
 
 def render_svg(data: bytes, opts: RenderOptions) -> Thumbnail:
@@ -59,8 +78,9 @@ def render_svg(data: bytes, opts: RenderOptions) -> Thumbnail:
     return finish(img, opts, SVG, degraded=opts.degraded)
 
 
-def sanitise(data: bytes, opts: RenderOptions) -> str:
-    """The drawing as markup that refers to nothing outside itself.
+def sanitise(data: bytes, opts: RenderOptions, depth: int = 0) -> str:
+    """The drawing as markup that refers to nothing outside itself (degraded: without embedded
+    images and filters either).
 
     Raises `too_large` for an entity expansion bomb or too many elements, `corrupt_input` for
     markup that is not well-formed XML."""
@@ -82,15 +102,24 @@ def sanitise(data: bytes, opts: RenderOptions) -> str:
             raise ThumbqError(TOO_LARGE, f"SVG has over {MAX_ELEMENTS:,} elements")
         for child in list(parent):
             if _local(child.tag) in _DROPPED_TAGS or (
-                opts.degraded and _local(child.tag) == "image"
+                opts.degraded and _local(child.tag) in ("image", "filter")
             ):
                 parent.remove(child)
+        if opts.degraded and _local(parent.tag) == "style" and parent.text:
+            parent.text = _CSS_FILTER.sub("", parent.text)
         for name in list(parent.attrib):
             local = _local(name)
             # Event handlers never run in resvg; they go anyway, so the markup holds no script.
-            unsafe_href = local == "href" and not _safe_reference(parent.attrib[name], opts)
-            if unsafe_href or local.startswith("on"):
+            if local.startswith("on") or (opts.degraded and local == "filter"):
                 del parent.attrib[name]
+            elif local == "href":
+                reference = _safe_reference(parent.attrib[name], opts, depth)
+                if reference is None:
+                    del parent.attrib[name]
+                else:
+                    parent.attrib[name] = reference
+            elif local == "style" and opts.degraded:
+                parent.attrib[name] = _CSS_FILTER.sub("", parent.attrib[name])
     if _local(root.tag) != "svg":
         raise ThumbqError(CORRUPT_INPUT, f"the document's root is <{_local(root.tag)}>, not <svg>")
     return ET.tostring(root, encoding="unicode")
@@ -101,20 +130,55 @@ def _local(tag: object) -> str:
     return text.rsplit("}", 1)[-1]
 
 
-def _safe_reference(value: str, opts: RenderOptions) -> bool:
-    """An in-document fragment, or an embedded raster image whose header declares a size
-    within the pixel limit. Files, URLs and embedded SVGs (which could refer to files in turn)
-    are not."""
+def _safe_reference(value: str, opts: RenderOptions, depth: int) -> str | None:
+    """An in-document fragment as it is, an embedded image as resvg reads it (see the module's
+    docstring), else None: files, URLs, and embedded data that is no picture or is over the
+    pixel limit are dropped."""
     value = value.strip()
     if value.startswith("#"):
-        return True
-    match = _DATA_IMAGE.match(value)
+        return value
+    match = _DATA_URI.match(value)
     if not match:
-        return False
+        return None
+    params = [p.strip().lower() for p in match.group(1).split(";")]
+    payload = value[match.end() :]
     try:
-        raw = base64.b64decode(value[match.end() :], validate=False)
-        with Image.open(io.BytesIO(raw)) as img:
-            width, height = img.size
-    except (binascii.Error, ValueError, OSError, Image.DecompressionBombError):
-        return False
-    return width * height <= opts.max_pixels
+        if "base64" in params:
+            raw = base64.b64decode(
+                re.sub(r"[^A-Za-z0-9+/=_-]", "", payload).replace("-", "+").replace("_", "/") + "=="
+            )
+        else:
+            raw = urllib.parse.unquote_to_bytes(payload)
+        return _embedded_image(raw, opts, depth)
+    except (binascii.Error, ValueError, OSError, ThumbqError, Image.DecompressionBombError):
+        return None
+
+
+def _embedded_image(raw: bytes, opts: RenderOptions, depth: int) -> str | None:
+    from worker.render.sniff import IMAGE_FORMATS, sniff
+
+    if raw.startswith(b"\x1f\x8b"):  # SVGZ
+        inflate = zlib.decompressobj(wbits=31)
+        raw = inflate.decompress(raw, MAX_SVG_BYTES)
+        if inflate.unconsumed_tail:
+            return None
+    kind = sniff(raw)
+    if kind == SVG:
+        if depth >= MAX_NESTING:
+            return None
+        markup = sanitise(raw, opts, depth + 1).encode()
+        return "data:image/svg+xml;base64," + base64.b64encode(markup).decode()
+    if kind not in IMAGE_FORMATS:
+        return None
+    with Image.open(io.BytesIO(raw)) as img:
+        width, height = img.size
+        if width * height > opts.max_pixels:
+            return None
+        if kind in _RESVG_RASTERS:
+            return f"data:{_RESVG_RASTERS[kind]};base64," + base64.b64encode(raw).decode()
+        # Another raster resvg cannot decode: as PNG (its first frame).
+        img.load()
+        out = io.BytesIO()
+        picture = img if img.mode in ("1", "L", "LA", "RGB", "RGBA", "P") else img.convert("RGBA")
+        picture.save(out, "PNG", compress_level=1)
+    return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()

@@ -42,6 +42,14 @@ def create_app(
     atexit.register(st.close)
 
     errors.register_error_handlers(app)
+
+    @app.before_request
+    def _configured() -> None:
+        # A host where thumbq cannot work (no database, a misspelt task module) says so on every
+        # route, /healthz included, instead of a 500 that looks like a bug.
+        if (problem := st.configuration_problem()) is not None:
+            raise errors.ApiError(503, "not_configured", problem, {"Cache-Control": "no-store"})
+
     app.register_blueprint(thumbnails.bp)
     app.register_blueprint(stream.bp)
     app.register_blueprint(jobs.bp)

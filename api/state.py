@@ -77,6 +77,31 @@ class AppState:
         self._storage: Storage | None = None
         self._render_pool: RenderPool | None = None
         self._last_used: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+        self._problem: str | None = None
+        self._problem_checked = False
+
+    def configuration_problem(self) -> str | None:
+        """Why this app cannot work as configured, checked once per process: no DATABASE_URL
+        where no embedded Postgres can run (a serverless host), or a THUMBQ_TASKS module that
+        does not exist. None when it can; every route answers 503 not_configured otherwise."""
+        if self._problem_checked:
+            return self._problem
+        with self._lock:
+            if not self._problem_checked:
+                from worker.config import ConfigError, check_task_modules
+
+                problem = None
+                if not self.config.database_url:
+                    from worker.embedded import unavailable_reason
+
+                    problem = unavailable_reason(self.config.home)
+                if problem is None:
+                    try:
+                        check_task_modules(self.config.tasks)
+                    except ConfigError as exc:
+                        problem = str(exc)
+                self._problem, self._problem_checked = problem, True
+            return self._problem
 
     # -- database ---------------------------------------------------------------------------
 

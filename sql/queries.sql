@@ -185,6 +185,18 @@ select thumbq.operator_overview(%(limit)s) as overview
 -- job_ids null: every dead-lettered job.
 select thumbq.replay_dead_letters(%(job_ids)s::bigint[]) as replayed
 
+-- name: other_schemas
+-- Whether thumbq's schema is there, and the schemas that hold something and are neither
+-- thumbq's, pgmq's nor Postgres' own: `thumbq up` asks before it writes into such a database.
+select to_regnamespace('thumbq') is not null as has_thumbq,
+       array(select n.nspname::text from pg_namespace n
+              where n.nspname not in ('pg_catalog', 'information_schema', 'pgmq', 'thumbq')
+                and n.nspname not like 'pg\_%%'
+                and (n.nspname <> 'public'
+                     or exists (select 1 from pg_class c where c.relnamespace = n.oid)
+                     or exists (select 1 from pg_proc p where p.pronamespace = n.oid))
+              order by 1) as schemas
+
 -- Operations: metrics and webhook events (sql/012_operations.sql) ---------------------------
 
 -- name: metrics

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from worker import db, validation
-from worker.config import SECRET_FILE, Config, ConfigError, read_secret_file
+from worker.config import SECRET_FILE, Config, ConfigError, check_task_modules, read_secret_file
 from worker.queue import Queue
 from worker.signing import PAGE_TOKEN_TTL_S
 from worker.terminal import ProgressBar, print_json, print_table
@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 DEFAULT_API_URL = "http://127.0.0.1:8000"
 # How long `--now` and the demo wait for work that waits out a retry's backoff.
 DEFAULT_DRAIN_S = 300.0
+# The commands that run (or enqueue) jobs: they check THUMBQ_TASKS's modules before anything.
+RUNS_TASKS = frozenset({"up", "serve", "run-batch", "demo", "enqueue", "backfill", "jobs"})
 
 
 class CliError(Exception):
@@ -790,8 +792,8 @@ def cmd_serve(rt: Runtime, args: argparse.Namespace) -> int:
         raise CliError(
             "granian is not installed: pip install 'thumbq[granian]', or --server waitress"
         )
+    url = rt.database_url()  # first: without a database, that is the one line to say
     _admin_secret_note(rt.config)
-    url = rt.database_url()
     config = rt.config.with_(database_url=url)
     if server_name == "granian":
         return _serve_granian(config, args.host, port, _server_threads(config, args.threads))
@@ -896,6 +898,19 @@ def page_link(api_url: str, secret: str, latest: Sequence[dict[str, Any]] = ()) 
     return f"{api_url}/progress{query}#key={page_token(secret)}"
 
 
+def _ask_before_writing(conn: db.Conn, rt: Runtime) -> None:
+    """Refuse to put thumbq's schema into a database that holds other schemas and no thumbq
+    (someone else's database, reached by a stray DATABASE_URL) unless told to (--yes)."""
+    row = db.one(conn, "other_schemas")
+    if row and not row["has_thumbq"] and row["schemas"]:
+        names = ", ".join(row["schemas"][:5]) + (", ..." if len(row["schemas"]) > 5 else "")
+        raise CliError(
+            f"{rt.where} holds other schemas ({names}) and no thumbq: `thumbq up` would add "
+            "the schemas thumbq and pgmq to it. If it is the database you mean, run `thumbq up "
+            "--yes` (or `thumbq db init` once); otherwise set DATABASE_URL to a database of its own"
+        )
+
+
 def cmd_up(rt: Runtime, args: argparse.Namespace) -> int:
     from api import create_app
     from worker.scheduler import Scheduler, cron_trigger
@@ -911,6 +926,8 @@ def cmd_up(rt: Runtime, args: argparse.Namespace) -> int:
     except psycopg.OperationalError as exc:
         raise CliError(_connect_error(exc, rt, url)) from None
     with conn:
+        if not rt.embedded and not args.yes:
+            _ask_before_writing(conn, rt)
         schema = db.init_schema(conn)
         latest = db.run(conn, "groups", {"limit": 1})
     secret, secret_from = ensure_cron_secret(config)
@@ -1217,6 +1234,12 @@ def build_parser() -> argparse.ArgumentParser:
         {"PORT": "default port"},
     )
     serving_args(sp)
+    sp.add_argument(
+        "--yes",
+        action="store_true",
+        help="apply the schema to a DATABASE_URL that holds other schemas and no thumbq yet "
+        "(asked otherwise)",
+    )
 
     sp = add(
         "demo",
@@ -1543,6 +1566,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = Config.from_env()
         debug = config.debug
+        if args.command in RUNS_TASKS:
+            check_task_modules(config.tasks)  # a typo, said before anything starts or is written
         rt = Runtime(config, args.command)
         try:
             return int(args.func(rt, args))

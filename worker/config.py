@@ -26,6 +26,28 @@ class ConfigError(ValueError):
     """A configuration value that cannot be used, with the variable named."""
 
 
+def check_task_modules(modules: tuple[str, ...]) -> None:
+    """Raise ConfigError naming a THUMBQ_TASKS module that Python cannot find (a typo), before
+    anything runs: found without being imported, so a check costs no module's import time (they
+    are imported where tasks run, worker.tasks.load_modules)."""
+    import importlib.util
+
+    from worker.tasks import search_working_dir
+
+    search_working_dir()  # the current directory, as load_modules looks there too
+    for module in modules:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # a missing parent package, or not a module name
+            found = False
+        if not found:
+            raise ConfigError(
+                f"THUMBQ_TASKS names {module!r}, which is no module Python can find (on its "
+                f"path or in {os.getcwd()}): check its spelling, run thumbq where the module "
+                "is, or install it"
+            )
+
+
 # The file in THUMBQ_HOME that keeps the admin secret `thumbq up` generates (mode 0600), so that
 # every command of the same home (serve, scheduler, watch) uses the same one.
 SECRET_FILE = "cron_secret"  # noqa: S105 (a file name)

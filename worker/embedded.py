@@ -57,6 +57,35 @@ def _pgserver() -> Any:
     return pgserver
 
 
+def check_home(home: Path) -> None:
+    """Raise EmbeddedUnavailable, naming DATABASE_URL, when the embedded Postgres cannot live
+    in `home` (a read-only file system, as on a serverless host): without this check the first
+    write in it failed with a bare "No such file or directory"."""
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        probe = home / f".thumbq-write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise EmbeddedUnavailable(
+            f"DATABASE_URL is not set, and the embedded Postgres cannot run here: its folder "
+            f"{home} (THUMBQ_HOME) cannot be written ({exc.strerror or exc}): set DATABASE_URL "
+            "to a Postgres connection string, e.g. postgresql://user@host/db (or THUMBQ_HOME "
+            "to a writable folder)"
+        ) from None
+
+
+def unavailable_reason(home: Path) -> str | None:
+    """Why the embedded Postgres cannot run for `home` (pgserver missing, home not writable),
+    or None when it can: what an app without DATABASE_URL answers on every route."""
+    try:
+        _pgserver()
+        check_home(home)
+    except EmbeddedUnavailable as exc:
+        return str(exc)
+    return None
+
+
 class EmbeddedPostgres:
     """The embedded Postgres of one home: its data folder and its server process."""
 
@@ -163,6 +192,7 @@ class EmbeddedLease:
         """The database URL. Without `create`, a home that has no database yet is refused
         (read-only commands never create one)."""
         _pgserver()  # says what to do where pgserver is not installed
+        check_home(self.home)
         if not create and not self.server.exists():
             raise EmbeddedError(
                 f"there is no embedded database in {self.home} yet: create it with "
@@ -194,13 +224,18 @@ class EmbeddedLease:
             )
 
     def release(self) -> str:
-        """Give the server back; a sentence saying whether it was stopped or left running."""
+        """Give the server back; a sentence saying whether it was stopped, or left running
+        although this command started it (another joined meanwhile). Joining a server another
+        command runs and leaving it to that one is the normal case, and says nothing."""
         if self.url is None:
             return ""
         with registry.locked(self.home):
             registry.unregister(self.home)
             users = [r for r in registry.running(self.home) if r.embedded]
             if users:
+                self.url = None
+                if not self.started:
+                    return ""
                 names = ", ".join(r.name for r in users)
                 return f"left the embedded Postgres running: {names} still uses it"
             stopped = self.server.stop()
@@ -212,6 +247,8 @@ def embedded_database_url(home: Path) -> str:
     """Start (or find) the embedded Postgres for `home` and return its URL, for a process that
     is not a thumbq command (the WSGI app run by another server): the server is left running,
     and `thumbq down` stops it."""
+    _pgserver()
+    check_home(home)
     with registry.locked(home):
         url, _started = EmbeddedPostgres(home).start()
     return url

@@ -168,7 +168,9 @@ def load_modules(modules: Iterable[str]) -> list[str]:
         try:
             importlib.import_module(module)
         except ImportError as exc:
-            raise ImportError(
+            from worker.config import ConfigError
+
+            raise ConfigError(
                 f"THUMBQ_TASKS names {module!r}, which cannot be imported: {exc}"
             ) from exc
     return REGISTRY.names()

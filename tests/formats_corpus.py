@@ -797,3 +797,58 @@ def svg_slow_filter(radius: int = 60) -> bytes:
         '<rect x="50" y="50" width="100" height="100" fill="rgb(220,30,30)" filter="url(#f)"/>'
         '<rect class="s" x="0" y="0" width="20" height="20" fill="rgb(30,60,220)"/></svg>'
     ).encode()
+
+
+# -- 10/12-bit and HDR pictures --------------------------------------------------------------------
+
+# nclx codes (ITU-T H.273): BT.2020 primaries, PQ and HLG transfers, BT.2020 NCL/CL and ICtCp.
+BT2020, PQ_TRANSFER, HLG_TRANSFER, SDR_TRANSFER = 9, 16, 18, 1
+BT2020_NCL, BT2020_CL, ICTCP = 9, 10, 14
+
+
+def grey_avif(
+    level: int, *, transfer: int, matrix: int, size: tuple[int, int] = (128, 96)
+) -> bytes:
+    """A 10-bit AVIF of one grey code value (0-255 scale) with the given nclx colour, encoded by
+    SVT-AV1 (PyAV's wheel)."""
+    import av
+
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="avif") as container:
+        stream = container.add_stream("libsvtav1", rate=1)
+        stream.width, stream.height = size
+        stream.pix_fmt = "yuv420p10le"
+        context = stream.codec_context
+        context.color_primaries, context.color_trc, context.colorspace = BT2020, transfer, matrix
+        frame = av.VideoFrame.from_image(Image.new("RGB", size, (level,) * 3))
+        for packet in stream.encode(frame.reformat(format="yuv420p10le")):
+            container.mux(packet)
+        for packet in stream.encode(None):
+            container.mux(packet)
+    return buf.getvalue()
+
+
+def grey_heic(
+    level: int, *, transfer: int, bits: int = 10, size: tuple[int, int] = (128, 96)
+) -> bytes:
+    """A 10- or 12-bit HEIC of one grey code value (0-255 scale), BT.2020 with `transfer`."""
+    import pillow_heif
+
+    value = (level << 8).to_bytes(2, "little")
+    picture = pillow_heif.from_bytes(mode="RGB;16", size=size, data=value * 3 * size[0] * size[1])
+    buf = io.BytesIO()
+    previous = pillow_heif.options.SAVE_HDR_TO_12_BIT
+    pillow_heif.options.SAVE_HDR_TO_12_BIT = bits == 12
+    try:
+        picture.save(
+            buf,
+            format="HEIF",
+            quality=90,
+            color_primaries=BT2020,
+            transfer_characteristics=transfer,
+            matrix_coefficients=BT2020_NCL,
+            full_range_flag=1,
+        )
+    finally:
+        pillow_heif.options.SAVE_HDR_TO_12_BIT = previous
+    return buf.getvalue()

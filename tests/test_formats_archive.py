@@ -265,3 +265,42 @@ def test_an_svg_whose_filter_cannot_finish_gets_a_render_without_filters(
     assert thumb.degraded and time.monotonic() - started < 15
     img = decode(thumb.data)
     assert has_colour(img, RED) and has_colour(img, BLUE)
+
+
+# -- 10/12-bit and HDR HEIC/AVIF -------------------------------------------------------------------
+
+# PQ's code for 203 cd/m^2, HDR's reference (paper) white (BT.2408), on a 0-255 scale; HLG's is 75%.
+PQ_REFERENCE_WHITE = 148
+HLG_REFERENCE_WHITE = 191
+
+
+def grey_of(data: bytes) -> tuple[int, int, int]:
+    thumb = render(data, None, RenderOptions(sizes=SIZES))
+    img = decode(thumb.data)
+    return img.getpixel((img.width // 2, img.height // 2))  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("matrix", [fc.BT2020_CL, fc.ICTCP], ids=["bt2020_cl", "ictcp"])
+def test_an_hdr_avif_whose_yuv_libavif_cannot_convert_still_gets_a_thumbnail(matrix: int) -> None:
+    # libavif: "Conversion from YUV failed: Reformat failed", which ended `internal`.
+    grey = grey_of(fc.grey_avif(PQ_REFERENCE_WHITE, transfer=fc.PQ_TRANSFER, matrix=matrix))
+    assert max(grey) - min(grey) <= 12 and min(grey) >= 190, grey
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda v, t: fc.grey_avif(v, transfer=t, matrix=fc.BT2020_NCL),
+        lambda v, t: fc.grey_heic(v, transfer=t),
+        lambda v, t: fc.grey_heic(v, transfer=t, bits=12),
+    ],
+    ids=["avif_10bit", "heic_10bit", "heic_12bit"],
+)
+def test_pq_and_hlg_pictures_are_tone_mapped_to_srgb_and_sdr_ones_kept(make: object) -> None:
+    assert callable(make)
+    # Reference white is near SDR white, not the grey its code value would be if shown as sRGB.
+    assert min(grey_of(make(PQ_REFERENCE_WHITE, fc.PQ_TRANSFER))) >= 190
+    assert min(grey_of(make(HLG_REFERENCE_WHITE, fc.HLG_TRANSFER))) >= 190
+    assert max(grey_of(make(0, fc.PQ_TRANSFER))) <= 12
+    # An SDR picture with more bits keeps its tones.
+    assert all(abs(c - 148) <= 8 for c in grey_of(make(148, fc.SDR_TRANSFER)))

@@ -33,7 +33,7 @@ from PIL import (
 from worker.errors import CORRUPT_INPUT, TOO_LARGE, UNSUPPORTED_TYPE, ThumbqError
 from worker.render import RenderOptions, Thumbnail
 from worker.render.output import REDUCING_GAP, encode, finish, fit_inside
-from worker.render.sniff import CUR, HEIC, HEIF, IMAGE_FORMATS, sniff
+from worker.render.sniff import AVIF, CUR, HEIC, HEIF, IMAGE_FORMATS, sniff
 
 __all__ = ["encode", "fit_inside", "open_image", "render_image"]
 
@@ -110,6 +110,10 @@ def open_image(
             img = img.resize(
                 target, Image.Resampling.LANCZOS, box=draft_box, reducing_gap=REDUCING_GAP
             )
+    if source_type in (AVIF, HEIC, HEIF):
+        from worker.render.hdr import to_sdr
+
+        img = to_sdr(img, data)
     if source_type not in (HEIC, HEIF):
         # libheif already applied the file's rotation and mirroring (its irot/imir boxes, which
         # HEIF says win over EXIF); applying EXIF's as well would turn the picture twice.
@@ -176,7 +180,33 @@ def _open(
         raise ThumbqError(TOO_LARGE, f"image is too large to decode safely: {exc}") from None
     except _DECODE_ERRORS as exc:
         raise _damaged(source_type, exc) from None
+    except RuntimeError as exc:
+        # libavif decoded the picture but cannot convert its YUV to RGB: a matrix it does not
+        # implement (BT.2020 constant luminance, ICtCp, YCgCo at 10 bits), common in HDR files.
+        if source_type != AVIF:
+            raise _damaged(source_type, exc) from None
+        return _avif_through_ffmpeg(data, source_type), (width, height), draft_box
     return img, (width, height), draft_box
+
+
+# nclx matrix_coefficients FFmpeg's scaler converts from; any other is read as BT.2020's
+# non-constant-luminance matrix (HDR files) or BT.709's.
+_SWSCALE_MATRICES = frozenset({1, 4, 5, 6, 7, 9})
+
+
+def _avif_through_ffmpeg(data: bytes, source_type: str) -> Image.Image:
+    """The AVIF's picture decoded by FFmpeg (dav1d) and converted by its scaler, for the files
+    whose YUV libavif cannot convert."""
+    import av
+
+    try:
+        with av.open(io.BytesIO(data), "r") as container:
+            frame = next(container.decode(video=0))
+            if frame.colorspace not in _SWSCALE_MATRICES:
+                frame.colorspace = 9 if frame.colorspace in (10, 14) else 1
+            return frame.to_image()
+    except (av.FFmpegError, StopIteration, ValueError, OSError) as exc:
+        raise _damaged(source_type, exc) from None
 
 
 def open_heic(

@@ -5,7 +5,9 @@ code before its fix.
 
 from __future__ import annotations
 
+import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import psycopg
@@ -88,6 +90,54 @@ def test_the_api_without_database_url_where_no_embedded_postgres_can_run_answers
             assert body and body["error"]["code"] == "not_configured", (path, body)
             assert "DATABASE_URL" in body["error"]["message"]
             assert headers.get("Cache-Control") == "no-store"
+
+
+def no_pgserver(tmp_path: Path) -> str:
+    """A PYTHONPATH entry whose `pgserver` fails to import, as where it is not installed (its
+    wheels exist for Linux x86_64 and macOS only; a lean serverless bundle leaves it out)."""
+    shadow = tmp_path / "no-pgserver"
+    shadow.mkdir(exist_ok=True)
+    (shadow / "pgserver.py").write_text("raise ImportError('pgserver is not installed here')\n")
+    return str(shadow)
+
+
+def test_no_database_url_and_no_pgserver_is_one_line_naming_database_url(tmp_path: Path) -> None:
+    env = user_env(tmp_path, PYTHONPATH=no_pgserver(tmp_path))
+    for command in (["status"], ["serve", "--server", "waitress", "--port", str(free_port())]):
+        line = one_line_error(thumbq(*command, env=env, timeout=60))
+        assert "DATABASE_URL is not set" in line and "pgserver" in line, line
+
+
+def test_the_vercel_entry_point_without_database_url_and_pgserver_answers_503_naming_it(
+    tmp_path: Path,
+) -> None:
+    # Regression: on Vercel (no DATABASE_URL set yet, no pgserver in the bundle) every route,
+    # /healthz included, answered 500 "internal error".
+    from tests.liveapp import wait_listening
+    from tests.test_deploy import ROOT, VERCEL_LIKE_LOADER
+
+    port = free_port()
+    loader = "import sys\nsys.modules['pgserver'] = None\n" + VERCEL_LIKE_LOADER
+    env = {"PATH": "/usr/bin:/bin", "CRON_SECRET": SECRET, "HOME": str(tmp_path)}
+    proc = subprocess.Popen(
+        [sys.executable, "-I", "-c", loader, str(ROOT), str(port)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_listening(proc, port)
+        for path in ("/healthz", "/api/thumbnails/batch-generate", "/progress"):
+            status, body, _ = call("GET", f"http://127.0.0.1:{port}{path}", SECRET)
+            assert status == 503 and body, (path, status, body)
+            assert body["error"]["code"] == "not_configured"
+            assert "DATABASE_URL is not set" in body["error"]["message"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert "Traceback" not in err, err
 
 
 # -- (b) an unknown THUMBQ_TASKS module ------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import gzip
 import io
+import random
 import struct
 import textwrap
 import time
@@ -304,3 +305,41 @@ def test_pq_and_hlg_pictures_are_tone_mapped_to_srgb_and_sdr_ones_kept(make: obj
     assert max(grey_of(make(0, fc.PQ_TRANSFER))) <= 12
     # An SDR picture with more bits keeps its tones.
     assert all(abs(c - 148) <= 8 for c in grey_of(make(148, fc.SDR_TRANSFER)))
+
+
+# -- a file's fault is never `internal` ------------------------------------------------------------
+
+
+def test_an_avif_whose_primary_item_is_missing_is_corrupt_input() -> None:
+    # libavif raised RuntimeError("Failed to decode image: Missing or empty image item"), which
+    # ended `internal` (transient: retried for nothing).
+    data = bytearray(fc.avif_photo())
+    pitm = data.index(b"pitm")
+    data[pitm + 8 : pitm + 10] = (99).to_bytes(2, "big")  # an item id the file does not have
+    with pytest.raises(ThumbqError) as info:
+        render(bytes(data), None, RenderOptions())
+    assert info.value.code == CORRUPT_INPUT and "image item" in info.value.message
+
+
+def test_whatever_a_decoder_raises_on_a_file_ends_with_a_permanent_code() -> None:
+    # Damaged copies of one file of each new family: every outcome is a thumbnail or a
+    # permanent code, never `internal` (the render's boundary classifies what no module foresaw).
+    rng = random.Random(22)
+    seeds = [
+        fc.icon((16, 48)),
+        fc.icon((16, 32), bitmap_format="bmp", cursor=True),
+        fc.doc_with_summary_thumbnail(),
+        fc.svg_embedding(EMBEDDED["svgz"]()),
+        fc.grey_heic(148, transfer=fc.PQ_TRANSFER),
+        fc.avif_photo(),
+    ]
+    for i in range(300):
+        damaged = bytearray(seeds[i % len(seeds)])
+        for _ in range(rng.randint(1, 8)):
+            damaged[rng.randrange(len(damaged))] = rng.randrange(256)
+        if rng.random() < 0.3:
+            damaged = damaged[: rng.randrange(1, len(damaged))]
+        try:
+            render(bytes(damaged), None, RenderOptions(max_pixels=20_000_000))
+        except ThumbqError as exc:
+            assert exc.permanent, (i, exc)

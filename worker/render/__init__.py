@@ -141,6 +141,16 @@ def render(data: bytes, declared_type: str | None, opts: RenderOptions) -> Thumb
             raise ThumbqError(ENCRYPTED_INPUT, "this Office document is protected by a password")
     except MemoryError:
         raise MemoryLimitExceeded(detected or "file") from None
+    except ThumbqError:
+        raise
+    except Exception as exc:
+        # The format modules classify what their decoders raise; anything a decoder raises
+        # beyond that is still this file's doing (a malformed structure no check foresaw), and
+        # retrying the same bytes cannot help: a permanent code, never `internal`.
+        raise ThumbqError(
+            CORRUPT_INPUT,
+            f"the {detected} decoder failed on this file: {type(exc).__name__}: {exc}"[:300],
+        ) from None
     raise ThumbqError(
         UNSUPPORTED_TYPE,
         f"cannot make a thumbnail of this file: declared as {declared_type or 'no type'}, "

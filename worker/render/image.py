@@ -157,7 +157,8 @@ def _open(
         raise ThumbqError(
             CORRUPT_INPUT, f"{source_type} file is damaged: its header cannot be read"
         ) from None
-    except _DECODE_ERRORS as exc:
+    except (*_DECODE_ERRORS, RuntimeError) as exc:
+        # libavif reports a malformed container as RuntimeError ("Missing or empty image item").
         raise _damaged(source_type, exc) from None
 
     width, height = img.size

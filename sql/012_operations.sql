@@ -266,4 +266,3 @@ $$;
 revoke execute on function thumbq.metrics_rows(), thumbq.webhook_group(),
   thumbq.groups_completed_event(), thumbq.enqueue_events(integer, integer)
   from public, anon, authenticated;
-revoke all on function thumbq.groups_completed_event() from service_role;

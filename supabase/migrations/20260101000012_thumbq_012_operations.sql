@@ -274,10 +274,9 @@ $$;
 revoke execute on function thumbq.metrics_rows(), thumbq.webhook_group(),
   thumbq.groups_completed_event(), thumbq.enqueue_events(integer, integer)
   from public, anon, authenticated;
-revoke all on function thumbq.groups_completed_event() from service_role;
 
 insert into thumbq.schema_migrations (version, checksum)
-values ('012_operations', 'f9514c0c3779e190d5fd7dc1a930c028e6ac006c1d39d99d34645829d39068f2')
+values ('012_operations', 'e97f4b565319ce9cd753f2afb440db01ab13941bce0bf59f3caa618587997659')
 on conflict (version) do update set checksum = excluded.checksum, applied_at = clock_timestamp();
 
 commit;

@@ -64,6 +64,7 @@ _DECODE_ERRORS: tuple[type[BaseException], ...] = (
     struct.error,
     zlib.error,
 )
+_OPEN_ERRORS: tuple[type[BaseException], ...] = (*_DECODE_ERRORS, RuntimeError)
 
 
 def render_image(data: bytes, opts: RenderOptions) -> Thumbnail:
@@ -157,7 +158,7 @@ def _open(
         raise ThumbqError(
             CORRUPT_INPUT, f"{source_type} file is damaged: its header cannot be read"
         ) from None
-    except (*_DECODE_ERRORS, RuntimeError) as exc:
+    except _OPEN_ERRORS as exc:
         # libavif reports a malformed container as RuntimeError ("Missing or empty image item").
         raise _damaged(source_type, exc) from None
 

@@ -703,13 +703,13 @@ def encrypted_ooxml() -> bytes:
     return ole2_file({"EncryptionInfo": b"\4\0\4\0" + b"\0" * 60, "EncryptedPackage": b"\0" * 64})
 
 
-def rtf_letter() -> bytes:
-    """A short letter in RTF, written by hand."""
-    lines = "".join(
-        f"\\par Line {i}: the quick brown fox jumps over the lazy dog." for i in range(30)
+def rtf_letter(lines: int = 30) -> bytes:
+    """A letter of `lines` lines in RTF, written by hand."""
+    body = "".join(
+        f"\\par Line {i}: the quick brown fox jumps over the lazy dog." for i in range(lines)
     )
     return (
-        "{\\rtf1\\ansi\\deff0{\\fonttbl{\\f0 Helvetica;}}\\f0\\fs24 {\\b Report}" + lines + "}"
+        "{\\rtf1\\ansi\\deff0{\\fonttbl{\\f0 Helvetica;}}\\f0\\fs24 {\\b Report}" + body + "}"
     ).encode()
 
 

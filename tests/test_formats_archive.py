@@ -12,7 +12,9 @@ from __future__ import annotations
 import base64
 import gzip
 import io
+import os
 import random
+import signal
 import struct
 import textwrap
 import time
@@ -35,7 +37,7 @@ from worker.errors import (
     ThumbqError,
 )
 from worker.render import RenderOptions, render
-from worker.render.office import find_soffice
+from worker.render.office import OfficeConverter, _soffice_groups, find_soffice
 from worker.render.process import RenderPool
 from worker.render.sniff import CUR, DOC, ICO, OLE2, PPT, RTF, XLS, sniff
 
@@ -343,3 +345,33 @@ def test_whatever_a_decoder_raises_on_a_file_ends_with_a_permanent_code() -> Non
             render(bytes(damaged), None, RenderOptions(max_pixels=20_000_000))
         except ThumbqError as exc:
             assert exc.permanent, (i, exc)
+
+
+@pytest.mark.skipif(SOFFICE is None, reason=NO_SOFFICE)
+def test_a_long_rtf_is_drawn_from_its_head_in_seconds(pool: RenderPool) -> None:
+    # 40,000 lines (2.4 MB): LibreOffice took 19.5 s to lay all of it out before page 1.
+    data = fc.rtf_letter(40_000)
+    started = time.monotonic()
+    thumb = pool.render(data, None, timeout_s=30)
+    assert time.monotonic() - started < 10  # LibreOffice's start included
+    assert thumb.source_type == RTF and 0.0005 < ink(decode(thumb.data)) < 0.5
+
+
+@pytest.mark.skipif(SOFFICE is None, reason=NO_SOFFICE)
+def test_libreoffice_dying_on_a_document_ends_it_corrupt_input_and_the_next_gets_a_fresh_one() -> (
+    None
+):
+    assert SOFFICE is not None
+    converter = OfficeConverter(SOFFICE)
+    try:
+        converter.convert_to_pdf(fc.rtf_letter(), RTF, time.monotonic() + 60)
+        assert converter._proc is not None
+        for group in _soffice_groups(converter._proc.pid):  # soffice dies under the helper
+            os.killpg(group, signal.SIGKILL)
+        with pytest.raises(ThumbqError) as info:
+            converter.convert_to_pdf(fc.rtf_letter(), RTF, time.monotonic() + 60)
+        assert info.value.code == CORRUPT_INPUT and "LibreOffice" in info.value.message
+        assert converter.convert_to_pdf(fc.rtf_letter(), RTF, time.monotonic() + 60)
+        assert converter.starts == 2
+    finally:
+        converter.close()

@@ -134,7 +134,12 @@ def main() -> None:
             _reply({"ok": True})
         except Exception as exc:
             message = getattr(exc, "Message", "") or str(exc) or type(exc).__name__
-            _reply({"ok": False, "error": message[:300]})
+            # soffice died on this document (a crash, or its memory limit): say so and stop,
+            # so that the next document gets a fresh one rather than a dead connection.
+            crashed = _soffice.poll() is not None
+            _reply({"ok": False, "error": message[:300], "crashed": crashed})
+            if crashed:
+                _stop(1)
     _stop(0)
 
 

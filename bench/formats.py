@@ -14,6 +14,10 @@ on files made here (nothing downloaded).
 - Three sizes (128, 256, 512) from one decode against three separate renders, over a 12 MP JPEG,
   a 12 MP HEIC, a slide PDF and a PNG screenshot, timed in turns; CPU time beside wall time.
   Target: >= 2x.
+- Raster formats (JPEG, PNG, WebP, GIF, TIFF, HEIC, AVIF), one file each: thumbq's 512 px WebP
+  against libvips (`pyvips.Image.thumbnail_buffer(data, 512)` + WebP at the same quality and
+  effort 0: the pyvips-binary wheel, which has no HEVC decoder, so no HEIC) and against the
+  decode alone. Targets: at least as fast as libvips, and >= 0.6 of the decode floor.
 - The whole pipeline against its floor: thumbnails per busy second of one budget-bound
   invocation (10 s budget, 2 s buffer, 2 render processes, local storage, Postgres) on a mixed
   corpus (slides, 12 MP photos, PNG screenshots, text PDFs), against two processes that only
@@ -23,7 +27,7 @@ on files made here (nothing downloaded).
   Target: >= 90%.
 
 Run: python -m bench.formats [--runs 7] [--decks 12] [--items 1500] [--rounds 3]
-    [--only video,heic,pptx,sizes,pipeline] [--format webp|jpeg|avif (the pipeline's output)]
+    [--only video,heic,pptx,sizes,raster,pipeline] [--format webp|jpeg|avif (the pipeline's output)]
 (--quick: fewer runs and files, for development; the numbers are then rough)
 """
 
@@ -371,6 +375,91 @@ def bench_sizes(runs: int) -> dict[str, Any]:
     return out
 
 
+def _saved(img: Image.Image, fmt: str, **params: Any) -> bytes:
+    out = io.BytesIO()
+    img.save(out, fmt, **params)
+    return out.getvalue()
+
+
+def raster_files() -> dict[str, bytes]:
+    """One file of each raster format, as a user would upload it."""
+    six = photo(3000, 2000, 3)
+    return {
+        "jpeg_12mp": jpeg_12mp(),
+        "png_screenshot": png_screenshot(1),
+        "webp_6mp": _saved(six, "WEBP", quality=80),
+        "gif_1200x900": _saved(photo(1200, 900, 4).quantize(256), "GIF"),
+        "tiff_6mp_lzw": _saved(six, "TIFF", compression="tiff_lzw"),
+        "heic_12mp": heic_12mp(),
+        "avif_6mp": _saved(six, "AVIF", quality=60, speed=8),
+    }
+
+
+def _raster_floor(data: bytes) -> object:
+    """Decode only, as the pipeline's floor does: JPEG at the reduced scale a 512 px box
+    allows, the others whole (HEIC through pillow-heif); nothing resized or encoded."""
+    img = Image.open(io.BytesIO(data))
+    if img.format == "JPEG":
+        img.draft("RGB", (512, 512))
+    img.load()
+    return img
+
+
+def bench_raster(runs: int) -> dict[str, Any]:
+    """thumbq against libvips (pyvips' `thumbnail_buffer`, shrink-on-load, then WebP at
+    thumbq's settings: quality 80, effort 0) and against the decode floor, per raster format,
+    one thumbnail of 512 px in this process. The three are timed in turns, so that whatever
+    the machine does meanwhile falls on all of them; CPU time beside wall time (libvips
+    decodes and resizes on several threads)."""
+    import pillow_heif
+    import pyvips
+
+    pillow_heif.register_heif_opener()
+    pyvips.cache_set_max(0)  # the same buffer again must be decoded again
+    out: dict[str, Any] = {}
+    for name, data in raster_files().items():
+
+        def libvips(data: bytes = data) -> object:
+            thumb = pyvips.Image.thumbnail_buffer(data, 512)
+            return thumb.webpsave_buffer(Q=OPTS.quality, effort=0)
+
+        sides: dict[str, Callable[[], object]] = {
+            "thumbq": lambda data=data: render(data, None, OPTS),
+            "libvips": libvips,
+            "floor": lambda data=data: _raster_floor(data),
+        }
+        wall: dict[str, list[float]] = {side: [] for side in sides}
+        cpu: dict[str, list[float]] = {side: [] for side in sides}
+        missing: dict[str, str] = {}
+        for side, fn in list(sides.items()):
+            try:
+                fn()  # warm-up
+            except Exception as exc:  # libvips without a decoder for the format
+                missing[side] = str(exc).strip().splitlines()[-1][:200]
+                del sides[side]
+        for _ in range(max(runs, 9)):
+            for side, fn in sides.items():
+                started, cpu_started = time.perf_counter(), time.process_time()
+                fn()
+                wall[side].append((time.perf_counter() - started) * 1000)
+                cpu[side].append((time.process_time() - cpu_started) * 1000)
+        row: dict[str, Any] = {"file_bytes": len(data)}
+        for side in sides:
+            row[f"{side}_ms"] = round(statistics.median(wall[side]), 1)
+            row[f"{side}_cpu_ms"] = round(statistics.median(cpu[side]), 1)
+        if "libvips" in sides:
+            # Above 1: thumbq is faster.
+            row["libvips_over_thumbq"] = round(row["libvips_ms"] / row["thumbq_ms"], 2)
+            row["libvips_over_thumbq_cpu"] = round(row["libvips_cpu_ms"] / row["thumbq_cpu_ms"], 2)
+        else:
+            row["libvips_missing"] = missing.get("libvips")
+        row["floor_over_thumbq"] = round(row["floor_ms"] / row["thumbq_ms"], 2)
+        out[name] = row
+    out["libvips"] = pyvips.version(0), pyvips.version(1), pyvips.version(2)
+    out["targets"] = "libvips_over_thumbq >= 1; floor_over_thumbq >= 0.6"
+    return out
+
+
 _FLOOR_CORPUS: list[tuple[str, bytes]] = []
 
 
@@ -536,7 +625,9 @@ def main() -> None:
         help="the pipeline's thumbnail format (THUMBQ_THUMB_FORMAT; webp is the default)",
     )
     ap.add_argument(
-        "--only", default="video,heic,pptx,sizes,pipeline", help="comma-separated sections"
+        "--only",
+        default="video,heic,pptx,sizes,raster,pipeline",
+        help="comma-separated sections",
     )
     args = ap.parse_args()
     if args.quick:
@@ -554,6 +645,8 @@ def main() -> None:
             result["pptx"] = bench_pptx(work, args.decks)
         if "sizes" in only:
             result["sizes"] = bench_sizes(args.runs)
+        if "raster" in only:
+            result["raster"] = bench_raster(args.runs)
         if "pipeline" in only:
             result["pipeline"] = bench_pipeline(work, args.items, args.rounds, args.format)
     finally:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from PIL import Image, ImageDraw, ImageFilter
 
+from tests import test_progress_page
 from tests.liveapp import call
 from tests.pgtools import require
 from worker import db
@@ -23,6 +24,8 @@ from worker.service import enqueue
 from worker.serving import ServerThread
 from worker.storage import open_storage
 
+# The progress page's tests' headless Chromium, as a fixture of this module.
+chromium = test_progress_page.browser
 SIZES = (128, 256, 512)
 SECRET = "crop-pages-secret-0123456789abcdef"
 RED = (220, 30, 40)
@@ -351,3 +354,42 @@ def test_an_epubs_pages_until_the_book_ends() -> None:
     assert [r.page for r in thumb.renditions] == [1, 2, 3]
     two = render(data, None, RenderOptions(size=256, pages=2))
     assert [r.page for r in two.renditions] == [1, 2]
+
+
+def test_the_progress_page_shows_a_documents_pages_in_order(
+    chromium: Any, tmp_path: Path, db_url: str
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    from tests.liveapp import wait_until
+
+    config = _batch_config(tmp_path, db_url, THUMBQ_PAGES="3")
+    jobs = _run(config, db_url, {"docs/report.pdf": _pdf(4), "docs/memo.pdf": _pdf(1)})
+    assert {j["status"] for j in jobs.values()} == {"completed"}
+    from api import create_app
+
+    app = create_app(config)
+    server = ServerThread(app).start()
+    try:
+        chromium.get(f"{server.url}/progress?group_id=docs#key={SECRET}")
+        wait_until(lambda: len(chromium.find_elements(By.CSS_SELECTOR, "#grid > li")) == 2, 20)
+        report = chromium.find_element(
+            By.CSS_SELECTOR, f"#grid > li[data-job='{jobs['docs/report.pdf']['id']}']"
+        )
+        memo = chromium.find_element(
+            By.CSS_SELECTOR, f"#grid > li[data-job='{jobs['docs/memo.pdf']['id']}']"
+        )
+        pages = report.find_elements(By.CSS_SELECTOR, ".pages img")
+        assert [p.get_attribute("alt") for p in pages] == ["page 1", "page 2", "page 3"]
+        assert memo.find_elements(By.CSS_SELECTOR, ".pages") == []
+        loaded = wait_until(
+            lambda: chromium.execute_script(
+                "return [...document.querySelectorAll('#grid .pages img')]"
+                ".every(i => i.complete && i.naturalWidth > 0)"
+            ),
+            15,
+        )
+        assert loaded
+    finally:
+        server.close()
+        app.extensions["thumbq"].close()

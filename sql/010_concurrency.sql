@@ -3,20 +3,29 @@
 -- retention. 001..009 shipped in 0.1.0 and are never edited: this file changes what they made.
 --
 -- One lock order in every transition:
---   advisory locks on source keys, idempotency keys and ordering keys (sorted)
---   -> job rows (SELECT ... ORDER BY id FOR UPDATE, all of a transition's rows in one pass)
---   -> queue messages (pgmq.delete / set_vt / send)
---   -> token buckets (takes and refunds)
---   -> group rows (thumbq.lock_groups, sorted, or the single status UPDATE whose trigger sorts).
+--   1. advisory locks on source keys, idempotency keys and ordering keys (thumbq.lock_keys:
+--      sorted, all of a transition's keys in one call)
+--   2. job rows (SELECT ... ORDER BY id FOR UPDATE: all of a transition's rows in one pass)
+--   3. queue messages (pgmq.read / delete / set_vt / send)
+--   4. group rows (thumbq.lock_groups, sorted, or the status UPDATE whose trigger sorts them)
+--   5. token buckets (take_tokens, refund_tokens): last, so that a bucket row is held only
+--      while its transaction does nothing that waits.
 -- claim is the one transition that meets messages before job rows (pgmq.read locks what it
 -- reads); it takes both with SKIP LOCKED, so it never waits for either and cannot close a cycle.
--- Each transition changes statuses (and so group rows, through the triggers) only at its end,
--- after every message operation. A deadlock that still happens (an operator's own statements,
--- a foreign trigger) is retried inside the transition, a bounded number of times.
+-- Each transition changes statuses (and so group rows, through the triggers) only after every
+-- message operation. A deadlock that still happens (an operator's own statements, a foreign
+-- trigger) is retried inside the transition, a bounded number of times; a transition that
+-- spans both kinds of enqueue (enqueue_mixed) is one function, so its retry covers all of it.
 --
 -- Queues: a job's message lives in the queue of its priority (thumbq_jobs for 0, thumbq_jobs_p1
 -- .. thumbq_jobs_p9); every job that waits or runs has exactly one message, except the jobs of
 -- an ordering key behind its head, which get theirs when the head is done.
+--
+-- Ordering keys: the jobs of a key run strictly one at a time, in sequence order. The head is
+-- the lowest sequence that is active: pending, processing, failed or unsupported (the last two
+-- hold the key until retried or cancelled), or cancelled while its run may still be going (its
+-- lease is live: a handler stops only when it next checks, or at its deadline). claim takes a
+-- job of a key only when it is the head (thumbq.holder_of).
 
 -- Columns: several sizes, placeholders, degraded renders; tasks ---------------------------
 
@@ -48,9 +57,19 @@ create unique index if not exists jobs_task_idempotency_key
   on thumbq.jobs (task, idempotency_key) where idempotency_key is not null;
 create unique index if not exists jobs_ordering_key_sequence
   on thumbq.jobs (ordering_key, sequence) where ordering_key is not null;
--- The oldest waiting job of each priority: what ageing reads, one index probe per priority.
-create index if not exists jobs_waiting_idx on thumbq.jobs (priority, created_at)
-  where status = 'pending';
+-- The oldest claimable job of each priority: what ageing reads, one index probe per priority.
+-- Only a job with a message counts (one behind its ordering key has none yet), from when it
+-- became due (a retry waits out its backoff first).
+drop index if exists thumbq.jobs_waiting_idx;
+create index if not exists jobs_ready_idx
+  on thumbq.jobs (priority, (coalesce(next_attempt_at, created_at)))
+  where status = 'pending' and msg_id is not null;
+-- The active jobs of each ordering key, in sequence order: what finds a key's head. Finished
+-- jobs stay out, so a key's history does not slow its next step.
+create index if not exists jobs_ordering_active_idx on thumbq.jobs (ordering_key, sequence)
+  where ordering_key is not null
+    and (status in ('pending', 'processing', 'failed', 'unsupported')
+         or (status = 'cancelled' and lease_expires_at is not null));
 -- Jobs of an ordering key waiting behind its head (they have no message yet).
 create index if not exists jobs_held_idx on thumbq.jobs (ordering_key)
   where status = 'pending' and msg_id is null;
@@ -79,7 +98,34 @@ begin
 end
 $$;
 
--- One queue per priority above 0.
+-- What service_role needs of a queue thumbq creates, as 008 grants it for the first two: the
+-- rows of its table, its message id sequence, and its archive (read). Every queue thumbq makes
+-- gets the same, so that every transition runs as service_role (Supabase's RPC caller).
+create or replace function thumbq.grant_queue(p_queue text)
+returns void
+language plpgsql
+as $$
+begin
+  if not exists (select 1 from pg_roles where rolname = 'service_role') then
+    return;
+  end if;
+  grant usage on schema pgmq to service_role;
+  if to_regclass(format('pgmq.%I', 'q_' || p_queue)) is not null then
+    execute format('grant select, insert, update, delete on pgmq.%I to service_role',
+                   'q_' || p_queue);
+    execute format('grant usage, select on sequence %s to service_role',
+                   pg_get_serial_sequence(format('pgmq.%I', 'q_' || p_queue), 'msg_id'));
+  end if;
+  if to_regclass(format('pgmq.%I', 'a_' || p_queue)) is not null then
+    execute format('grant select on pgmq.%I to service_role', 'a_' || p_queue);
+  end if;
+exception when insufficient_privilege then
+  raise notice 'thumbq: cannot grant service_role the queue % in schema pgmq (%); grant it as '
+               'the owner of pgmq to call thumbq transitions as service_role', p_queue, sqlerrm;
+end
+$$;
+
+-- One queue per priority above 0, each with the grants of the first.
 do $$
 declare
   p integer;
@@ -88,6 +134,7 @@ begin
     if not exists (select 1 from pgmq.list_queues() where queue_name = 'thumbq_jobs_p' || p) then
       perform pgmq.create('thumbq_jobs_p' || p);
     end if;
+    perform thumbq.grant_queue('thumbq_jobs_p' || p);
   end loop;
 end
 $$;
@@ -349,26 +396,43 @@ as $$
    where x.m is not null
 $$;
 
--- The head of each ordering key: the waiting or unfinished job with the lowest sequence, once
--- the jobs in p_done have finished. Only a head that waits without a message is returned: it
--- is the one to send a message for. A failed or unsupported head holds the rest until it is
--- retried or cancelled. Call with the keys locked (lock_keys('ord:' || key)).
-create or replace function thumbq.heads_to_release(p_keys text[], p_done bigint[])
-returns table (job_id bigint, priority integer)
+-- The job that holds an ordering key ahead of sequence p_sequence: the earliest active job before
+-- it (pending, processing, failed, unsupported, or cancelled while its run may still be going),
+-- or no row. One probe of jobs_ordering_active_idx, whatever the key's history.
+create or replace function thumbq.held_by(p_key text, p_sequence bigint)
+returns table (job_id bigint, status text, lease_expires_at timestamptz)
 language sql
 stable
 as $$
-  select h.id, h.priority
+  select j.id, j.status, j.lease_expires_at
+    from thumbq.jobs j
+   where j.ordering_key = p_key and j.sequence < p_sequence
+     and (j.status in ('pending', 'processing', 'failed', 'unsupported')
+          or (j.status = 'cancelled' and j.lease_expires_at is not null))
+     and (j.status <> 'cancelled' or j.lease_expires_at > clock_timestamp())
+   order by j.sequence
+   limit 1
+$$;
+
+-- The head of each ordering key once the jobs in p_ended no longer hold it: the lowest active
+-- job (see held_by) not in p_ended. Call with the keys locked (lock_keys('ord:' || key)).
+create or replace function thumbq.heads_of(p_keys text[], p_ended bigint[])
+returns table (ordering_key text, job_id bigint, priority integer, status text, msg_id bigint)
+language sql
+stable
+as $$
+  select k.key, h.id, h.priority, h.status, h.msg_id
     from unnest(p_keys) k(key)
     cross join lateral (
-      select j.id, j.priority::integer, j.status, j.msg_id
+      select j.id, j.priority::integer as priority, j.status, j.msg_id
         from thumbq.jobs j
        where j.ordering_key = k.key
-         and j.status in ('pending', 'processing', 'failed', 'unsupported')
-         and not (j.id = any(coalesce(p_done, '{}')))
+         and (j.status in ('pending', 'processing', 'failed', 'unsupported')
+              or (j.status = 'cancelled' and j.lease_expires_at is not null))
+         and (j.status <> 'cancelled' or j.lease_expires_at > clock_timestamp())
+         and not (j.id = any(coalesce(p_ended, '{}')))
        order by j.sequence
        limit 1) h
-   where h.status = 'pending' and h.msg_id is null
 $$;
 
 -- Enqueue ------------------------------------------------------------------------------------
@@ -391,6 +455,174 @@ as $$
    order by i.value->>'source_key', i.ord desc
 $$;
 
+-- The stages of an enqueue (enqueue_batch, enqueue_jobs, or both at once: enqueue_mixed), so
+-- that a transition spanning both kinds keeps the one lock order: every key lock, then every
+-- job row, then every message, then every group row, then every status change.
+
+-- File versions: lock the rows of older versions still waiting or running and of cancelled
+-- versions asked for again (their keys are locked: lock_keys('src:' || key)), and make their
+-- message changes: superseded ones' messages go, a version queued again or anew gets one.
+-- A version cancelled while it ran is not visible before that run's lease ends (the cancelled
+-- run may still be rendering it, and a file is never rendered twice at the same time): its
+-- message is delayed, and next_attempt_at says until when. Returns the plan for
+-- enqueue_files_write.
+create or replace function thumbq.enqueue_files_stage(p_items jsonb, p_group_id text)
+returns jsonb
+language plpgsql
+as $$
+declare
+  v_sup_ids bigint[];
+  v_sup_msgs bigint[];
+  v_sup_prio integer[];
+  v_sup_groups text[];
+  v_req_ids bigint[];
+  v_req_groups text[];
+  v_req_delays integer[];
+  v_req_prio integer[];
+  v_req jsonb;
+  v_fresh jsonb;
+begin
+  with l as (
+    select j.id, j.msg_id, j.priority::integer as prio, j.group_id,
+           i.group_id as new_group, j.source_etag = i.source_etag as requeue,
+           coalesce(greatest(0, ceil(extract(epoch from
+             j.lease_expires_at - clock_timestamp())))::integer, 0) as delay_s
+      from thumbq.jobs j
+      join thumbq.enqueue_items_v2(p_items, p_group_id) i on j.source_key = i.source_key
+     where (j.source_etag <> i.source_etag and j.status in ('pending', 'processing'))
+        or (j.source_etag = i.source_etag and j.status = 'cancelled')
+     order by j.id
+       for update of j
+  )
+  select array_agg(l.id) filter (where not l.requeue),
+         array_agg(l.msg_id) filter (where not l.requeue),
+         array_agg(l.prio) filter (where not l.requeue),
+         array_agg(l.group_id) filter (where not l.requeue),
+         array_agg(l.id) filter (where l.requeue),
+         array_agg(l.group_id) filter (where l.requeue)
+           || array_agg(l.new_group) filter (where l.requeue),
+         array_agg(l.delay_s) filter (where l.requeue),
+         array_agg(l.prio) filter (where l.requeue)
+    into v_sup_ids, v_sup_msgs, v_sup_prio, v_sup_groups,
+         v_req_ids, v_req_groups, v_req_delays, v_req_prio
+    from l;
+
+  -- Versions never seen: ids drawn now, so that each message names its job. No concurrent
+  -- enqueue can insert the same version meanwhile: its key is locked.
+  select coalesce(jsonb_agg(jsonb_build_object(
+           'id', nextval(pg_get_serial_sequence('thumbq.jobs', 'id')),
+           'ord', i.ord, 'source_key', i.source_key, 'source_etag', i.source_etag,
+           'content_type', i.content_type, 'group_id', i.group_id,
+           'source_bytes', i.source_bytes, 'priority', i.priority)), '[]'::jsonb)
+    into v_fresh
+    from thumbq.enqueue_items_v2(p_items, p_group_id) i
+   where not exists (select 1 from thumbq.jobs j
+                      where j.source_key = i.source_key and j.source_etag = i.source_etag);
+
+  if v_sup_ids is not null then
+    perform thumbq.delete_messages(v_sup_prio, v_sup_msgs);
+  end if;
+  if v_req_ids is not null then
+    select jsonb_agg(jsonb_build_object(
+             'id', r.id, 'delay_s', r.delay_s,
+             'msg_id', (select pgmq.send(thumbq.band_queue(r.p),
+                                         jsonb_build_object('job_id', r.id), r.delay_s)))
+                     order by r.ord)
+      into v_req
+      from unnest(v_req_ids, v_req_delays, v_req_prio) with ordinality as r(id, delay_s, p, ord);
+  end if;
+  select coalesce(jsonb_agg(f || jsonb_build_object('msg_id',
+                    (select pgmq.send(thumbq.band_queue((f->>'priority')::integer),
+                                      jsonb_build_object('job_id', f->'id'))))),
+                  '[]'::jsonb)
+    into v_fresh
+    from jsonb_array_elements(v_fresh) f;
+
+  return jsonb_build_object(
+    'sup_ids', coalesce(to_jsonb(v_sup_ids), '[]'), 'requeue', coalesce(v_req, '[]'),
+    'fresh', v_fresh,
+    'groups', to_jsonb(coalesce(v_sup_groups, '{}') || coalesce(v_req_groups, '{}')
+                       || array(select f->>'group_id' from jsonb_array_elements(v_fresh) f)));
+end
+$$;
+
+-- File versions: the status changes and new rows of a staged enqueue (its group rows locked).
+-- Returns one row per distinct source key as JSON.
+create or replace function thumbq.enqueue_files_write(p_stage jsonb, p_items jsonb,
+                                                      p_group_id text, p_max_attempts integer)
+returns jsonb
+language plpgsql
+as $$
+declare
+  v_sup_ids bigint[] := array(select jsonb_array_elements_text(p_stage->'sup_ids')::bigint);
+  v_out jsonb;
+begin
+  if cardinality(v_sup_ids) > 0 then
+    update thumbq.jobs j
+       set status = 'cancelled', error_code = 'superseded',
+           last_error = 'a newer version of the object (etag ' || i.source_etag
+                        || ') was enqueued',
+           completed_at = clock_timestamp(), updated_at = clock_timestamp(),
+           msg_id = null
+      from thumbq.enqueue_items_v2(p_items, p_group_id) i
+     where j.id = any(v_sup_ids) and j.source_key = i.source_key;
+  end if;
+
+  update thumbq.jobs j
+     set status = 'pending', attempts = 0, error_code = null, last_error = null,
+         completed_at = null, started_at = null,
+         next_attempt_at = case when m.delay_s > 0
+                                then clock_timestamp() + make_interval(secs => m.delay_s) end,
+         -- lease_expires_at stays: a cancelled run may render until then, and a second
+         -- cancel and enqueue must wait for it too.
+         worker_id = null, group_id = i.group_id,
+         max_attempts = p_max_attempts, msg_id = m.msg_id,
+         updated_at = clock_timestamp()
+    from jsonb_to_recordset(p_stage->'requeue') as m(id bigint, msg_id bigint, delay_s integer),
+         thumbq.enqueue_items_v2(p_items, p_group_id) i
+   where j.id = m.id and j.source_key = i.source_key
+     and j.source_etag = i.source_etag;
+
+  with ins as (
+    insert into thumbq.jobs as j (id, group_id, source_key, source_etag, source_bytes,
+                                  content_type, max_attempts, msg_id, priority)
+    select (f->>'id')::bigint, f->>'group_id', f->>'source_key', f->>'source_etag',
+           (f->>'source_bytes')::bigint, f->>'content_type', p_max_attempts,
+           (f->>'msg_id')::bigint, (f->>'priority')::smallint
+      from jsonb_array_elements(p_stage->'fresh') f
+     order by (f->>'ord')::bigint
+    -- Only a writer that skips the key locks (an older thumbq during a deploy) can win
+    -- this race; its message then names no job and claim deletes it.
+    on conflict on constraint jobs_source_version_key do nothing
+    returning j.id, j.source_key, j.source_etag, j.status
+  ), rows as (
+    select ins.id, ins.source_key, ins.source_etag, true as created, ins.status from ins
+    union all
+    select j.id, j.source_key, j.source_etag, false, j.status
+      from thumbq.enqueue_items_v2(p_items, p_group_id) i
+      join thumbq.jobs j on j.source_key = i.source_key and j.source_etag = i.source_etag
+     where not exists (select 1 from ins where ins.source_key = i.source_key)
+  )
+  select coalesce(jsonb_agg(to_jsonb(rows)), '[]'::jsonb) into v_out from rows;
+  return v_out;
+end
+$$;
+
+-- Why a file items array is refused, or null.
+create or replace function thumbq.enqueue_files_problem(p_items jsonb)
+returns text
+language sql
+immutable
+as $$
+  select case
+    when jsonb_typeof(p_items) is distinct from 'array' then 'p_items must be a JSON array'
+    when exists (select 1 from jsonb_array_elements(p_items) e
+                  where jsonb_typeof(e) <> 'object' or coalesce(e->>'source_key', '') = ''
+                     or coalesce(e->>'priority', '0') !~ '^[0-9]$')
+      then 'every item needs a source_key (and a priority 0-9)'
+  end
+$$;
+
 -- Enqueue many objects for thumbnails: p_items is a JSON array of
 -- {"source_key", "etag"?, "content_type"?, "group_id"?, "bytes"?, "priority"?}. One row per
 -- (source_key, etag): enqueueing the same version again returns the existing job; a cancelled
@@ -407,146 +639,21 @@ language plpgsql
 as $$
 #variable_conflict use_column
 declare
-  v_sup_ids bigint[];
-  v_sup_msgs bigint[];
-  v_sup_prio integer[];
-  v_sup_groups text[];
-  v_req_ids bigint[];
-  v_req_groups text[];
-  v_req_delays integer[];
-  v_req_prio integer[];
-  v_req_msgs bigint[];
-  v_fresh jsonb;
+  v_problem text := thumbq.enqueue_files_problem(p_items);
+  v_stage jsonb;
   v_out jsonb;
   v_attempt integer := 0;
 begin
-  if jsonb_typeof(p_items) is distinct from 'array' then
-    raise exception 'thumbq.enqueue_batch: p_items must be a JSON array' using errcode = '22023';
+  if v_problem is not null then
+    raise exception 'thumbq.enqueue_batch: %', v_problem using errcode = '22023';
   end if;
-  if exists (select 1 from jsonb_array_elements(p_items) e
-              where jsonb_typeof(e) <> 'object' or coalesce(e->>'source_key', '') = ''
-                 or coalesce(e->>'priority', '0') !~ '^[0-9]$') then
-    raise exception 'thumbq.enqueue_batch: every item needs a source_key (and a priority 0-9)'
-      using errcode = '22023';
-  end if;
-
   loop
     begin
       perform thumbq.lock_keys(array(select 'src:' || i.source_key
                                        from thumbq.enqueue_items_v2(p_items, p_group_id) i));
-
-      -- Older versions still waiting or running, and cancelled versions asked for again: all
-      -- their rows locked in one pass, in id order.
-      with l as (
-        select j.id, j.msg_id, j.priority::integer as prio, j.group_id,
-               i.group_id as new_group, j.source_etag = i.source_etag as requeue,
-               coalesce(greatest(0, ceil(extract(epoch from
-                 j.lease_expires_at - clock_timestamp())))::integer, 0) as delay_s
-          from thumbq.jobs j
-          join thumbq.enqueue_items_v2(p_items, p_group_id) i on j.source_key = i.source_key
-         where (j.source_etag <> i.source_etag and j.status in ('pending', 'processing'))
-            or (j.source_etag = i.source_etag and j.status = 'cancelled')
-         order by j.id
-           for update of j
-      )
-      select array_agg(l.id) filter (where not l.requeue),
-             array_agg(l.msg_id) filter (where not l.requeue),
-             array_agg(l.prio) filter (where not l.requeue),
-             array_agg(l.group_id) filter (where not l.requeue),
-             array_agg(l.id) filter (where l.requeue),
-             array_agg(l.group_id) filter (where l.requeue)
-               || array_agg(l.new_group) filter (where l.requeue),
-             array_agg(l.delay_s) filter (where l.requeue),
-             array_agg(l.prio) filter (where l.requeue)
-        into v_sup_ids, v_sup_msgs, v_sup_prio, v_sup_groups,
-             v_req_ids, v_req_groups, v_req_delays, v_req_prio
-        from l;
-
-      -- Versions never seen: ids drawn now, so that each message names its job. No concurrent
-      -- enqueue can insert the same version meanwhile: its key is locked.
-      select coalesce(jsonb_agg(jsonb_build_object(
-               'id', nextval(pg_get_serial_sequence('thumbq.jobs', 'id')),
-               'ord', i.ord, 'source_key', i.source_key, 'source_etag', i.source_etag,
-               'content_type', i.content_type, 'group_id', i.group_id,
-               'source_bytes', i.source_bytes, 'priority', i.priority)), '[]'::jsonb)
-        into v_fresh
-        from thumbq.enqueue_items_v2(p_items, p_group_id) i
-       where not exists (select 1 from thumbq.jobs j
-                          where j.source_key = i.source_key and j.source_etag = i.source_etag);
-
-      -- Messages: delete the superseded, send one per job that waits again or anew. A version
-      -- cancelled while it ran is not visible before that run's lease ends: the cancelled run
-      -- may still be rendering it, and a file is never rendered twice at the same time.
-      if v_sup_ids is not null then
-        perform thumbq.delete_messages(v_sup_prio, v_sup_msgs);
-      end if;
-      v_req_msgs := null;
-      if v_req_ids is not null then
-        select array_agg((select pgmq.send(thumbq.band_queue(r.p),
-                                           jsonb_build_object('job_id', r.id), r.delay_s))
-                         order by r.ord)
-          into v_req_msgs
-          from unnest(v_req_ids, v_req_delays, v_req_prio) with ordinality as r(id, delay_s, p, ord);
-      end if;
-      select coalesce(jsonb_agg(f || jsonb_build_object('msg_id',
-                        (select pgmq.send(thumbq.band_queue((f->>'priority')::integer),
-                                          jsonb_build_object('job_id', f->'id'))))),
-                      '[]'::jsonb)
-        into v_fresh
-        from jsonb_array_elements(v_fresh) f;
-
-      -- Group rows last, in order; then the status changes.
-      perform thumbq.lock_groups(
-        coalesce(v_sup_groups, '{}') || coalesce(v_req_groups, '{}')
-        || array(select f->>'group_id' from jsonb_array_elements(v_fresh) f));
-
-      if v_sup_ids is not null then
-        update thumbq.jobs j
-           set status = 'cancelled', error_code = 'superseded',
-               last_error = 'a newer version of the object (etag ' || i.source_etag
-                            || ') was enqueued',
-               completed_at = clock_timestamp(), updated_at = clock_timestamp(),
-               msg_id = null
-          from thumbq.enqueue_items_v2(p_items, p_group_id) i
-         where j.id = any(v_sup_ids) and j.source_key = i.source_key;
-      end if;
-
-      if v_req_ids is not null then
-        update thumbq.jobs j
-           set status = 'pending', attempts = 0, error_code = null, last_error = null,
-               completed_at = null, started_at = null, next_attempt_at = null,
-               -- lease_expires_at stays: a cancelled run may render until then, and a second
-               -- cancel and enqueue must wait for it too.
-               worker_id = null, group_id = i.group_id,
-               max_attempts = p_max_attempts, msg_id = m.msg_id,
-               updated_at = clock_timestamp()
-          from unnest(v_req_ids, v_req_msgs) as m(job_id, msg_id),
-               thumbq.enqueue_items_v2(p_items, p_group_id) i
-         where j.id = m.job_id and j.source_key = i.source_key
-           and j.source_etag = i.source_etag;
-      end if;
-
-      with ins as (
-        insert into thumbq.jobs as j (id, group_id, source_key, source_etag, source_bytes,
-                                      content_type, max_attempts, msg_id, priority)
-        select (f->>'id')::bigint, f->>'group_id', f->>'source_key', f->>'source_etag',
-               (f->>'source_bytes')::bigint, f->>'content_type', p_max_attempts,
-               (f->>'msg_id')::bigint, (f->>'priority')::smallint
-          from jsonb_array_elements(v_fresh) f
-         order by (f->>'ord')::bigint
-        -- Only a writer that skips the key locks (an older thumbq during a deploy) can win
-        -- this race; its message then names no job and claim deletes it.
-        on conflict on constraint jobs_source_version_key do nothing
-        returning j.id, j.source_key, j.source_etag, j.status
-      ), rows as (
-        select ins.id, ins.source_key, ins.source_etag, true as created, ins.status from ins
-        union all
-        select j.id, j.source_key, j.source_etag, false, j.status
-          from thumbq.enqueue_items_v2(p_items, p_group_id) i
-          join thumbq.jobs j on j.source_key = i.source_key and j.source_etag = i.source_etag
-         where not exists (select 1 from ins where ins.source_key = i.source_key)
-      )
-      select coalesce(jsonb_agg(to_jsonb(rows)), '[]'::jsonb) into v_out from rows;
+      v_stage := thumbq.enqueue_files_stage(p_items, p_group_id);
+      perform thumbq.lock_groups(array(select jsonb_array_elements_text(v_stage->'groups')));
+      v_out := thumbq.enqueue_files_write(v_stage, p_items, p_group_id, p_max_attempts);
       exit;
     exception when deadlock_detected or serialization_failure then
       v_attempt := v_attempt + 1;
@@ -596,36 +703,15 @@ begin
 end
 $$;
 
--- Enqueue jobs of any task: p_items is a JSON array of {"task", "payload"?, "group_id"?,
--- "priority"? (0-9), "ordering_key"?, "sequence"?, "idempotency_key"?, "max_attempts"?}.
--- An item whose idempotency key (per task), or ordering key and sequence, names an existing
--- job (or an earlier item of the same call) returns that job instead (created false). Within
--- an ordering key, a job without a sequence goes after the last one; jobs run strictly in
--- sequence order, one at a time: only the head (the lowest sequence not yet completed or
--- cancelled) has a message. A sequence below one that has already started is refused
--- (SQLSTATE 23P01, the message starting with "sequence_conflict:").
-create or replace function thumbq.enqueue_jobs(p_items jsonb,
-                                               p_group_id text default 'default',
-                                               p_max_attempts integer default 3)
-returns table (job_id bigint, task text, created boolean, status text, ordering_key text,
-               sequence bigint)
-language plpgsql
+-- Why a task items array is refused (each item's problem), or null.
+create or replace function thumbq.enqueue_jobs_problem(p_items jsonb)
+returns text
+language sql
+immutable
 as $$
-#variable_conflict use_column
-declare
-  v_items jsonb;
-  v_fresh jsonb;
-  v_out jsonb;
-  v_demote_ids bigint[];
-  v_demote_msgs bigint[];
-  v_demote_prio integer[];
-  v_problem text;
-  v_attempt integer := 0;
-begin
-  if jsonb_typeof(p_items) is distinct from 'array' then
-    raise exception 'thumbq.enqueue_jobs: p_items must be a JSON array' using errcode = '22023';
-  end if;
-  select string_agg(format('item %s %s', e.ord - 1, e.problem), '; ') into v_problem
+  select case when jsonb_typeof(p_items) is distinct from 'array' then 'p_items must be a JSON array'
+  else (
+  select string_agg(format('item %s %s', e.ord - 1, e.problem), '; ')
     from (select i.ord, case
                  when jsonb_typeof(i.value) <> 'object' then 'is not an object'
                  when coalesce(i.value->>'task', '') = '' then 'needs a task'
@@ -640,155 +726,236 @@ begin
                    then 'has max_attempts outside 1-100'
                  end as problem
             from jsonb_array_elements(p_items) with ordinality as i(value, ord)) e
-   where e.problem is not null;
+   where e.problem is not null) end
+$$;
+
+-- The advisory keys of a task items array: idempotency keys per task, ordering keys.
+create or replace function thumbq.enqueue_jobs_keys(p_items jsonb)
+returns text[]
+language sql
+immutable
+as $$
+  select array(
+    select k from jsonb_array_elements(p_items) i,
+           lateral (values ('idem:' || (i->>'task') || ':' || (i->>'idempotency_key')),
+                           ('ord:' || (i->>'ordering_key'))) v(k)
+     where k is not null)
+$$;
+
+-- The active job rows of the ordering keys of a task items array, locked in id order: a claim
+-- of a key's head either committed before (the checks then see it started) or finds the row
+-- locked and leaves it (claim skips locked rows), so no lower sequence slips in beside a head
+-- that is starting. The keys are locked (lock_keys('ord:' || key)).
+create or replace function thumbq.lock_key_rows(p_keys text[])
+returns void
+language sql
+as $$
+  select count(*)::integer * 0
+    from (select j.id from thumbq.jobs j
+           where j.ordering_key = any(p_keys)
+             and (j.status in ('pending', 'processing', 'failed', 'unsupported')
+                  or (j.status = 'cancelled' and j.lease_expires_at is not null))
+           order by j.id
+             for update) s
+$$;
+
+-- Tasks: work out every item (its sequence, the earlier item it repeats, the existing job it
+-- names), refuse a sequence behind one that has started, withdraw the message of a waiting head
+-- that a new lower sequence replaces, and send the messages of the new jobs that are heads (or
+-- have no ordering key). The keys and the keys' active rows are locked. Returns the plan for
+-- enqueue_jobs_write.
+create or replace function thumbq.enqueue_jobs_stage(p_items jsonb, p_group_id text,
+                                                     p_max_attempts integer)
+returns jsonb
+language plpgsql
+as $$
+declare
+  v_items jsonb;
+  v_fresh jsonb;
+  v_problem text;
+  v_demote_ids bigint[];
+  v_demote_msgs bigint[];
+  v_demote_prio integer[];
+begin
+  with i as (
+    select x.ord, x.value as item, x.value->>'task' as task,
+           coalesce(nullif(x.value->>'group_id', ''), p_group_id) as group_id,
+           coalesce((x.value->>'priority')::integer, 0) as priority,
+           nullif(x.value->>'ordering_key', '') as okey,
+           (x.value->>'sequence')::bigint as seq,
+           nullif(x.value->>'idempotency_key', '') as idem,
+           coalesce((x.value->>'max_attempts')::integer,
+                    (select t.max_attempts from thumbq.tasks t
+                      where t.name = x.value->>'task'),
+                    p_max_attempts) as max_attempts
+      from jsonb_array_elements(p_items) with ordinality as x(value, ord)
+  ), s as (
+    select i.*, coalesce(i.seq, a.sequence) as sequence
+      from i left join thumbq.assign_sequences(p_items) a on a.ord = i.ord
+  ), f as (
+    select s.*,
+           case when s.idem is not null
+                then min(s.ord) over (partition by s.task, s.idem) else s.ord end
+             as first_idem
+      from s
+  ), d as (
+    select f.*,
+           case when f.okey is not null
+                then min(f.first_idem) over (partition by f.okey, f.sequence)
+                else f.first_idem end as first
+      from f
+  )
+  select jsonb_agg(jsonb_build_object(
+           'ord', d.ord, 'first', d.first, 'task', d.task, 'group_id', d.group_id,
+           'priority', d.priority, 'ordering_key', d.okey, 'sequence', d.sequence,
+           'idempotency_key', d.idem, 'max_attempts', d.max_attempts,
+           'payload', d.item->'payload',
+           'existing', coalesce(
+             (select j.id from thumbq.jobs j
+               where d.idem is not null and j.task = d.task and j.idempotency_key = d.idem),
+             (select j.id from thumbq.jobs j
+               where d.okey is not null and j.ordering_key = d.okey
+                 and j.sequence = d.sequence))) order by d.ord)
+    into v_items
+    from d;
+
+  -- New jobs: the first item of each, not naming an existing job.
+  select coalesce(jsonb_agg(x || jsonb_build_object(
+           'id', nextval(pg_get_serial_sequence('thumbq.jobs', 'id')))), '[]'::jsonb)
+    into v_fresh
+    from jsonb_array_elements(coalesce(v_items, '[]')) x
+   where x->'existing' = 'null'::jsonb and (x->>'first')::bigint = (x->>'ord')::bigint;
+
+  -- A new job behind one of its key that has already started would run out of order.
+  select string_agg(format('ordering key %L: sequence %s is behind sequence %s, which has '
+                           'already started', f->>'ordering_key', f->>'sequence',
+                           j.sequence), '; ')
+    into v_problem
+    from jsonb_array_elements(v_fresh) f
+    cross join lateral (select max(j.sequence) as sequence from thumbq.jobs j
+                         where j.ordering_key = f->>'ordering_key'
+                           and j.sequence > (f->>'sequence')::bigint
+                           and j.started_at is not null) j
+   where f->>'ordering_key' is not null and j.sequence is not null;
+  if v_problem is not null then
+    raise exception 'sequence_conflict: %', v_problem using errcode = '23P01';
+  end if;
+
+  -- A new job that goes before a waiting head takes its place: the old head's message is
+  -- withdrawn (it has not started, or that would be a conflict; its row is locked).
+  select array_agg(j.id order by j.id), array_agg(j.msg_id order by j.id),
+         array_agg(j.priority::integer order by j.id)
+    into v_demote_ids, v_demote_msgs, v_demote_prio
+    from thumbq.jobs j
+   where j.status = 'pending' and j.msg_id is not null
+     and j.ordering_key in (select f->>'ordering_key' from jsonb_array_elements(v_fresh) f)
+     and exists (select 1 from jsonb_array_elements(v_fresh) f
+                  where f->>'ordering_key' = j.ordering_key
+                    and (f->>'sequence')::bigint < j.sequence);
+  if v_demote_ids is not null then
+    perform thumbq.delete_messages(v_demote_prio, v_demote_msgs);
+  end if;
+
+  -- Messages for the new jobs that are heads (or have no ordering key).
+  select coalesce(jsonb_agg(h.f || jsonb_build_object('msg_id', case when h.head then
+                    (select pgmq.send(thumbq.band_queue((h.f->>'priority')::integer),
+                                      jsonb_build_object('job_id', h.f->'id'))) end)),
+                  '[]'::jsonb)
+    into v_fresh
+    from (select f as f,
+                 f->>'ordering_key' is null
+                 or (not exists (select 1 from thumbq.held_by(f->>'ordering_key',
+                                                              (f->>'sequence')::bigint))
+                     and not exists (
+                       select 1 from jsonb_array_elements(v_fresh) o
+                        where o->>'ordering_key' = f->>'ordering_key'
+                          and (o->>'sequence')::bigint < (f->>'sequence')::bigint))
+                   as head
+            from jsonb_array_elements(v_fresh) f) h;
+
+  return jsonb_build_object('items', coalesce(v_items, '[]'), 'fresh', v_fresh,
+                            'demoted', coalesce(to_jsonb(v_demote_ids), '[]'),
+                            'groups', coalesce((select jsonb_agg(f->'group_id')
+                                                  from jsonb_array_elements(v_fresh) f), '[]'));
+end
+$$;
+
+-- Tasks: the new rows of a staged enqueue (its group rows locked). Returns one row per item,
+-- in order, as JSON.
+create or replace function thumbq.enqueue_jobs_write(p_stage jsonb)
+returns jsonb
+language plpgsql
+as $$
+declare
+  v_out jsonb;
+begin
+  update thumbq.jobs set msg_id = null
+   where id = any(array(select jsonb_array_elements_text(p_stage->'demoted')::bigint));
+  with ins as (
+    insert into thumbq.jobs as j (id, group_id, task, payload, priority, ordering_key,
+                                  sequence, idempotency_key, max_attempts, msg_id)
+    select (f->>'id')::bigint, f->>'group_id', f->>'task', f->'payload',
+           (f->>'priority')::smallint, f->>'ordering_key', (f->>'sequence')::bigint,
+           f->>'idempotency_key', (f->>'max_attempts')::integer, (f->>'msg_id')::bigint
+      from jsonb_array_elements(p_stage->'fresh') f
+     order by (f->>'ord')::bigint
+    returning j.id, j.task, j.status, j.ordering_key, j.sequence
+  ), made as (
+    select (f->>'ord')::bigint as ord, ins.*
+      from ins join jsonb_array_elements(p_stage->'fresh') f on (f->>'id')::bigint = ins.id
+  )
+  select coalesce(jsonb_agg(r order by r.ord), '[]'::jsonb) into v_out
+    from (
+      -- New jobs, and items repeating an earlier item of the call.
+      select (x->>'ord')::bigint as ord, m.id as job_id, m.task,
+             (x->>'ord') = (x->>'first') as created, m.status, m.ordering_key, m.sequence
+        from jsonb_array_elements(p_stage->'items') x
+        join made m on m.ord = (x->>'first')::bigint
+       where x->'existing' = 'null'::jsonb
+      union all
+      select (x->>'ord')::bigint, j.id, j.task, false, j.status, j.ordering_key,
+             j.sequence
+        from jsonb_array_elements(p_stage->'items') x
+        join thumbq.jobs j on j.id = (x->>'existing')::bigint
+    ) r;
+  return v_out;
+end
+$$;
+
+-- Enqueue jobs of any task: p_items is a JSON array of {"task", "payload"?, "group_id"?,
+-- "priority"? (0-9), "ordering_key"?, "sequence"?, "idempotency_key"?, "max_attempts"?}.
+-- An item whose idempotency key (per task), or ordering key and sequence, names an existing
+-- job (or an earlier item of the same call) returns that job instead (created false). Within
+-- an ordering key, a job without a sequence goes after the last one; jobs run strictly in
+-- sequence order, one at a time: only the head (see the header) has a message. A sequence
+-- below one that has already started is refused (SQLSTATE 23P01, the message starting with
+-- "sequence_conflict:").
+create or replace function thumbq.enqueue_jobs(p_items jsonb,
+                                               p_group_id text default 'default',
+                                               p_max_attempts integer default 3)
+returns table (job_id bigint, task text, created boolean, status text, ordering_key text,
+               sequence bigint)
+language plpgsql
+as $$
+#variable_conflict use_column
+declare
+  v_problem text := thumbq.enqueue_jobs_problem(p_items);
+  v_stage jsonb;
+  v_out jsonb;
+  v_attempt integer := 0;
+begin
   if v_problem is not null then
     raise exception 'thumbq.enqueue_jobs: %', v_problem using errcode = '22023';
   end if;
-
   loop
     begin
-      perform thumbq.lock_keys(array(
-        select k from jsonb_array_elements(p_items) i,
-               lateral (values ('idem:' || (i->>'task') || ':' || (i->>'idempotency_key')),
-                               ('ord:' || (i->>'ordering_key'))) v(k)
-         where k is not null));
-
-      -- Each item with its sequence (a missing one goes after the key's last job and after
-      -- earlier items of this call), the first item of the call it repeats, and the existing
-      -- job it names.
-      with i as (
-        select x.ord, x.value as item, x.value->>'task' as task,
-               coalesce(nullif(x.value->>'group_id', ''), p_group_id) as group_id,
-               coalesce((x.value->>'priority')::integer, 0) as priority,
-               nullif(x.value->>'ordering_key', '') as okey,
-               (x.value->>'sequence')::bigint as seq,
-               nullif(x.value->>'idempotency_key', '') as idem,
-               coalesce((x.value->>'max_attempts')::integer,
-                        (select t.max_attempts from thumbq.tasks t
-                          where t.name = x.value->>'task'),
-                        p_max_attempts) as max_attempts
-          from jsonb_array_elements(p_items) with ordinality as x(value, ord)
-      ), s as (
-        select i.*, coalesce(i.seq, a.sequence) as sequence
-          from i left join thumbq.assign_sequences(p_items) a on a.ord = i.ord
-      ), f as (
-        select s.*,
-               case when s.idem is not null
-                    then min(s.ord) over (partition by s.task, s.idem) else s.ord end
-                 as first_idem
-          from s
-      ), d as (
-        select f.*,
-               case when f.okey is not null
-                    then min(f.first_idem) over (partition by f.okey, f.sequence)
-                    else f.first_idem end as first
-          from f
-      )
-      select jsonb_agg(jsonb_build_object(
-               'ord', d.ord, 'first', d.first, 'task', d.task, 'group_id', d.group_id,
-               'priority', d.priority, 'ordering_key', d.okey, 'sequence', d.sequence,
-               'idempotency_key', d.idem, 'max_attempts', d.max_attempts,
-               'payload', d.item->'payload',
-               'existing', coalesce(
-                 (select j.id from thumbq.jobs j
-                   where d.idem is not null and j.task = d.task and j.idempotency_key = d.idem),
-                 (select j.id from thumbq.jobs j
-                   where d.okey is not null and j.ordering_key = d.okey
-                     and j.sequence = d.sequence))) order by d.ord)
-        into v_items
-        from d;
-
-      -- New jobs: the first item of each, not naming an existing job.
-      select coalesce(jsonb_agg(x || jsonb_build_object(
-               'id', nextval(pg_get_serial_sequence('thumbq.jobs', 'id')))), '[]'::jsonb)
-        into v_fresh
-        from jsonb_array_elements(v_items) x
-       where x->'existing' = 'null'::jsonb and (x->>'first')::bigint = (x->>'ord')::bigint;
-
-      -- A new job behind one of its key that has already started would run out of order.
-      select string_agg(format('ordering key %L: sequence %s is behind sequence %s, which has '
-                               'already started', f->>'ordering_key', f->>'sequence',
-                               j.sequence), '; ')
-        into v_problem
-        from jsonb_array_elements(v_fresh) f
-        cross join lateral (select max(j.sequence) as sequence from thumbq.jobs j
-                             where j.ordering_key = f->>'ordering_key'
-                               and j.sequence > (f->>'sequence')::bigint
-                               and j.started_at is not null) j
-       where f->>'ordering_key' is not null and j.sequence is not null;
-      if v_problem is not null then
-        raise exception 'sequence_conflict: %', v_problem using errcode = '23P01';
-      end if;
-
-      -- A new job that goes before a waiting head takes its place: the old head's message
-      -- is withdrawn (it has not started, or that would be a conflict).
-      select array_agg(s.id), array_agg(s.msg_id), array_agg(s.prio)
-        into v_demote_ids, v_demote_msgs, v_demote_prio
-        from (select j.id, j.msg_id, j.priority::integer as prio
-                from thumbq.jobs j
-               where j.status = 'pending' and j.msg_id is not null
-                 and j.ordering_key in (select f->>'ordering_key'
-                                          from jsonb_array_elements(v_fresh) f)
-                 and exists (select 1 from jsonb_array_elements(v_fresh) f
-                              where f->>'ordering_key' = j.ordering_key
-                                and (f->>'sequence')::bigint < j.sequence)
-               order by j.id
-                 for update) s;
-      if v_demote_ids is not null then
-        perform thumbq.delete_messages(v_demote_prio, v_demote_msgs);
-        update thumbq.jobs set msg_id = null where id = any(v_demote_ids);
-      end if;
-
-      -- Messages for the new jobs that are heads (or have no ordering key).
-      select coalesce(jsonb_agg(h.f || jsonb_build_object('msg_id', case when h.head then
-                        (select pgmq.send(thumbq.band_queue((h.f->>'priority')::integer),
-                                          jsonb_build_object('job_id', h.f->'id'))) end)),
-                      '[]'::jsonb)
-        into v_fresh
-        from (select f as f,
-                     f->>'ordering_key' is null
-                     or (not exists (
-                           select 1 from thumbq.jobs j
-                            where j.ordering_key = f->>'ordering_key'
-                              and j.sequence < (f->>'sequence')::bigint
-                              and j.status in ('pending', 'processing', 'failed',
-                                               'unsupported'))
-                         and not exists (
-                           select 1 from jsonb_array_elements(v_fresh) o
-                            where o->>'ordering_key' = f->>'ordering_key'
-                              and (o->>'sequence')::bigint < (f->>'sequence')::bigint))
-                       as head
-                from jsonb_array_elements(v_fresh) f) h;
-
-      perform thumbq.lock_groups(array(select f->>'group_id'
-                                         from jsonb_array_elements(v_fresh) f));
-      with ins as (
-        insert into thumbq.jobs as j (id, group_id, task, payload, priority, ordering_key,
-                                      sequence, idempotency_key, max_attempts, msg_id)
-        select (f->>'id')::bigint, f->>'group_id', f->>'task', f->'payload',
-               (f->>'priority')::smallint, f->>'ordering_key', (f->>'sequence')::bigint,
-               f->>'idempotency_key', (f->>'max_attempts')::integer, (f->>'msg_id')::bigint
-          from jsonb_array_elements(v_fresh) f
-         order by (f->>'ord')::bigint
-        returning j.id, j.task, j.status, j.ordering_key, j.sequence
-      ), made as (
-        select (f->>'ord')::bigint as ord, ins.*
-          from ins join jsonb_array_elements(v_fresh) f on (f->>'id')::bigint = ins.id
-      )
-      select coalesce(jsonb_agg(r order by r.ord), '[]'::jsonb) into v_out
-        from (
-          -- New jobs, and items repeating an earlier item of the call.
-          select (x->>'ord')::bigint as ord, m.id as job_id, m.task,
-                 (x->>'ord') = (x->>'first') as created, m.status, m.ordering_key, m.sequence
-            from jsonb_array_elements(v_items) x
-            join made m on m.ord = (x->>'first')::bigint
-           where x->'existing' = 'null'::jsonb
-          union all
-          select (x->>'ord')::bigint, j.id, j.task, false, j.status, j.ordering_key,
-                 j.sequence
-            from jsonb_array_elements(v_items) x
-            join thumbq.jobs j on j.id = (x->>'existing')::bigint
-        ) r;
+      perform thumbq.lock_keys(thumbq.enqueue_jobs_keys(p_items));
+      perform thumbq.lock_key_rows(array(
+        select distinct i->>'ordering_key' from jsonb_array_elements(p_items) i
+         where coalesce(i->>'ordering_key', '') <> ''));
+      v_stage := thumbq.enqueue_jobs_stage(p_items, p_group_id, p_max_attempts);
+      perform thumbq.lock_groups(array(select jsonb_array_elements_text(v_stage->'groups')));
+      v_out := thumbq.enqueue_jobs_write(v_stage);
       exit;
     exception when deadlock_detected or serialization_failure then
       v_attempt := v_attempt + 1;
@@ -806,6 +973,74 @@ begin
 end
 $$;
 
+-- Both kinds in one transition (`POST /api/jobs` with thumbnail and task items): files as
+-- enqueue_batch does, tasks as enqueue_jobs does, with every lock of both taken in the one
+-- order (keys, rows, messages, groups), so that two such calls with crossed groups cannot
+-- deadlock. Returns {"files": [enqueue_batch's rows], "jobs": [enqueue_jobs' rows]}.
+create or replace function thumbq.enqueue_mixed(p_files jsonb, p_jobs jsonb,
+                                                p_group_id text default 'default',
+                                                p_max_attempts integer default 3)
+returns jsonb
+language plpgsql
+as $$
+declare
+  v_problem text;
+  v_okeys text[];
+  v_files jsonb;
+  v_jobs jsonb;
+  v_out jsonb;
+  v_attempt integer := 0;
+begin
+  v_problem := thumbq.enqueue_files_problem(p_files);
+  if v_problem is not null then
+    raise exception 'thumbq.enqueue_mixed: files: %', v_problem using errcode = '22023';
+  end if;
+  v_problem := thumbq.enqueue_jobs_problem(p_jobs);
+  if v_problem is not null then
+    raise exception 'thumbq.enqueue_mixed: jobs: %', v_problem using errcode = '22023';
+  end if;
+  v_okeys := array(select distinct i->>'ordering_key' from jsonb_array_elements(p_jobs) i
+                    where coalesce(i->>'ordering_key', '') <> '');
+  loop
+    begin
+      perform thumbq.lock_keys(array(select 'src:' || i.source_key
+                                       from thumbq.enqueue_items_v2(p_files, p_group_id) i)
+                               || thumbq.enqueue_jobs_keys(p_jobs));
+      -- Every job row either stage changes, in one pass.
+      perform 1 from thumbq.jobs j
+       where j.id in (select o.id from thumbq.jobs o
+                        join thumbq.enqueue_items_v2(p_files, p_group_id) i
+                          on o.source_key = i.source_key
+                       where (o.source_etag <> i.source_etag
+                              and o.status in ('pending', 'processing'))
+                          or (o.source_etag = i.source_etag and o.status = 'cancelled')
+                      union all
+                      select o.id from thumbq.jobs o
+                       where o.ordering_key = any(v_okeys)
+                         and (o.status in ('pending', 'processing', 'failed', 'unsupported')
+                              or (o.status = 'cancelled' and o.lease_expires_at is not null)))
+       order by j.id
+         for update;
+      v_files := thumbq.enqueue_files_stage(p_files, p_group_id);
+      v_jobs := thumbq.enqueue_jobs_stage(p_jobs, p_group_id, p_max_attempts);
+      perform thumbq.lock_groups(array(select jsonb_array_elements_text(v_files->'groups'))
+                                 || array(select jsonb_array_elements_text(v_jobs->'groups')));
+      v_out := jsonb_build_object(
+        'files', thumbq.enqueue_files_write(v_files, p_files, p_group_id, p_max_attempts),
+        'jobs', thumbq.enqueue_jobs_write(v_jobs));
+      exit;
+    exception when deadlock_detected or serialization_failure then
+      v_attempt := v_attempt + 1;
+      if v_attempt >= 5 then
+        raise;
+      end if;
+      perform pg_sleep(0.005 * v_attempt * (1 + random()));
+    end;
+  end loop;
+  return v_out;
+end
+$$;
+
 -- Claim --------------------------------------------------------------------------------------
 
 drop function if exists thumbq.claim(text, integer, integer, text);
@@ -814,28 +1049,36 @@ drop function if exists thumbq.claim(text, integer, integer, text, boolean);
 -- Read up to p_qty messages and lease their jobs to p_worker_id for p_vt_seconds (the messages'
 -- visibility timeout: longer than an invocation's budget, so a live invocation is never
 -- double-served and a killed one's messages come back soon).
--- Priorities: the queues of higher priorities are read first, but a queue whose oldest job has
--- waited p_ageing_s seconds counts one priority higher, and so on (ageing): nothing starves.
+-- Priorities: the queues of higher priorities are read first, but a queue whose oldest
+-- claimable job has waited p_ageing_s seconds counts one priority higher, and so on (ageing:
+-- nothing starves). A claimable job has a message that is due, or a lease that has expired; a
+-- job held behind its ordering key or waiting out a backoff does not count. A queue whose only
+-- claimable jobs are expired leases (a killed invocation's) is read too.
 -- Only a message that is its job's current one, for a job that waits or whose lease has
--- expired, is claimed. A message of a job someone else is changing is handed back after a
--- second; one of a job still leased waits for the lease; a stale one (job finished, cancelled,
--- superseded, gone, or a second message) is deleted. A job whose lease was lost so often that
--- it has no attempts left goes to the dead-letter queue.
--- Tokens: with p_prepaid the caller took them from p_bucket in its own transaction (the
--- engine does, so concurrent claims never wait on the bucket row) and unused ones are given
--- back here; without, they are taken here first (one call for RPC users). Jobs of a task with
--- another bucket (thumbq.tasks) take theirs here; those it refuses wait for it.
+-- expired, is claimed, and a job of an ordering key only when it is the key's head. A message
+-- of a job someone else is changing is handed back after a second; one of a job still leased
+-- (or behind a cancelled run that may still be going) waits for that lease; a stale one (job
+-- finished, cancelled, superseded, gone, or a second message) is deleted, and so is one of a
+-- job that is not its key's head (it gets a message when it is). A job whose lease was lost so
+-- often that it has no attempts left goes to the dead-letter queue.
+-- Tokens: each claimed job takes one from its own bucket (thumbnails: p_bucket, the caller's
+-- THUMBQ_RATE_BUCKET; other tasks: thumbq.tasks), taken last, after every other lock, so that
+-- a bucket row is held only while the claim does nothing that waits. Jobs a bucket refuses are
+-- handed back for as long as it needs to refill. No message is read beyond what the buckets
+-- could grant (thumbq.bucket_levels).
 -- Returns {"jobs": [...], "rate_limited": bool, "retry_after_ms": int|null, "read": int,
 -- "limited": int}.
+drop function if exists thumbq.claim(text, integer, integer, text, boolean, integer);
 create or replace function thumbq.claim(p_worker_id text, p_qty integer, p_vt_seconds integer,
                                         p_bucket text default 'thumbnail_generation',
-                                        p_prepaid boolean default false,
                                         p_ageing_s integer default 60)
 returns jsonb
 language plpgsql
 as $$
 declare
-  v_allowed integer := greatest(p_qty, 0);
+  v_want integer := greatest(p_qty, 0);
+  v_read integer;
+  v_cap integer;
   v_retry integer;
   v_bands integer[];
   v_band integer;
@@ -844,57 +1087,72 @@ declare
   v_msg_ids bigint[];
   v_job_ids bigint[];
   v_locked bigint[];
-  v_take bigint[];
   v_dead bigint[];
+  v_held bigint[];
   v_limited bigint[] := '{}';
   v_limited_s integer;
   a_prio integer[];
   a_msg bigint[];
   a_job bigint[];
   a_cls text[];
-  a_lease integer[];
+  a_wait integer[];
   a_bucket text[];
   a_group text[];
-  v_prepaid_used integer;
   v_dlq bigint[];
   v_jobs jsonb;
-  v_claimed integer;
-  v_limited_flag boolean;
+  v_granted integer;
+  v_cut boolean;
   v_attempt integer := 0;
   r record;
 begin
-  if p_bucket is not null and not p_prepaid and v_allowed > 0 then
-    select t.taken, t.retry_after_ms into v_allowed, v_retry
-      from thumbq.take_tokens(p_bucket, v_allowed, true) t;
-    if not found then
-      v_allowed := greatest(p_qty, 0);
-    end if;
+  if v_want = 0 then
+    return jsonb_build_object('jobs', '[]'::jsonb, 'rate_limited', false,
+                              'retry_after_ms', null, 'read', 0, 'limited', 0);
   end if;
-  if v_allowed = 0 then
-    return jsonb_build_object('jobs', '[]'::jsonb, 'rate_limited', p_qty > 0,
-                              'retry_after_ms', v_retry, 'read', 0, 'limited', 0);
+  -- With every bucket that could apply empty, a read would only hand its messages back.
+  select b.tokens, b.retry_after_ms into v_cap, v_retry from thumbq.bucket_levels(p_bucket) b;
+  v_read := least(v_want, coalesce(v_cap, v_want));
+  if v_read = 0 then
+    return jsonb_build_object('jobs', '[]'::jsonb, 'rate_limited', true,
+                              'retry_after_ms', coalesce(v_retry, 1000), 'read', 0,
+                              'limited', 0);
   end if;
 
   loop
     begin
       -- Which queues, in which order.
-      if exists (select 1 from thumbq.jobs j where j.status = 'pending' and j.priority > 0) then
+      if not exists (select 1 from thumbq.jobs j
+                      where j.status = 'pending' and j.msg_id is not null and j.priority > 0)
+         and not exists (select 1 from thumbq.jobs j
+                          where j.status = 'processing' and j.priority > 0
+                            and j.lease_expires_at <= clock_timestamp()) then
+        v_bands := '{0}';
+      else
         select array_agg(b.p order by b.eff desc, b.p desc) into v_bands
-          from (select p.p, p.p + floor(extract(epoch from clock_timestamp() - o.oldest)
+          from (select p.p, p.p + floor(extract(epoch from clock_timestamp() - o.since)
                                         / greatest(p_ageing_s, 1)) as eff
                   from generate_series(0, 9) p(p)
-                 cross join lateral (select j.created_at as oldest from thumbq.jobs j
-                                      where j.status = 'pending' and j.priority = p.p
-                                      order by j.created_at limit 1) o) b;
-      else
-        v_bands := '{0}';
+                 cross join lateral (
+                   select least(
+                     (select w.due from (
+                        select coalesce(j.next_attempt_at, j.created_at) as due
+                          from thumbq.jobs j
+                         where j.status = 'pending' and j.msg_id is not null
+                           and j.priority = p.p
+                         order by coalesce(j.next_attempt_at, j.created_at)
+                         limit 1) w
+                       where w.due <= clock_timestamp()),
+                     (select min(j.lease_expires_at) from thumbq.jobs j
+                       where j.status = 'processing' and j.priority = p.p
+                         and j.lease_expires_at <= clock_timestamp())) as since) o
+                 where o.since is not null) b;
       end if;
 
       -- Messages first: pgmq.read skips the ones other readers hold.
       v_prio := '{}';
       v_msg_ids := '{}';
       v_job_ids := '{}';
-      v_left := v_allowed;
+      v_left := v_read;
       foreach v_band in array coalesce(v_bands, '{0}') loop
         exit when v_left <= 0;
         select v_prio || coalesce(array_agg(v_band), '{}'),
@@ -903,7 +1161,7 @@ begin
                                                order by m.msg_id), '{}')
           into v_prio, v_msg_ids, v_job_ids
           from pgmq.read(thumbq.band_queue(v_band), p_vt_seconds, v_left) m;
-        v_left := v_allowed - cardinality(v_msg_ids);
+        v_left := v_read - cardinality(v_msg_ids);
       end loop;
 
       -- Then their jobs, skipping rows another transition holds.
@@ -912,8 +1170,8 @@ begin
                order by j.id for update skip locked) s;
 
       select array_agg(c.p), array_agg(c.msg_id), array_agg(c.job_id), array_agg(c.cls),
-             array_agg(c.lease_s), array_agg(c.bucket), array_agg(c.group_id)
-        into a_prio, a_msg, a_job, a_cls, a_lease, a_bucket, a_group
+             array_agg(c.wait_s), array_agg(c.bucket), array_agg(c.group_id)
+        into a_prio, a_msg, a_job, a_cls, a_wait, a_bucket, a_group
         from (
           select m.p, m.msg_id, m.job_id,
                  case
@@ -923,58 +1181,44 @@ begin
                    -- A second message of one job in the same read: the first one counts.
                    when m.msg_id <> min(m.msg_id) over (partition by m.job_id, m.p)
                      then 'stale'
-                   when j.status = 'pending'
-                        or (j.status = 'processing'
-                            and j.lease_expires_at <= clock_timestamp())
-                   then case when j.attempts >= j.max_attempts then 'dead' else 'take' end
-                   when j.status = 'processing' then 'leased'
-                   else 'stale'
+                   when j.status = 'processing' and j.lease_expires_at > clock_timestamp()
+                     then 'leased'
+                   when j.status not in ('pending', 'processing') then 'stale'
+                   -- Queued again while a cancelled run of it may still be going.
+                   when j.status = 'pending' and j.lease_expires_at > clock_timestamp()
+                     then 'leased'
+                   -- Behind a cancelled run of its key that may still be going.
+                   when h.status = 'cancelled' then 'leased'
+                   when h.job_id is not null then 'held'
+                   when j.attempts >= j.max_attempts then 'dead'
+                   else 'take'
                  end as cls,
-                 coalesce(greatest(1, ceil(extract(epoch from
-                   j.lease_expires_at - clock_timestamp())))::integer, 1) as lease_s,
+                 greatest(1, ceil(extract(epoch from
+                   coalesce(case when h.status = 'cancelled' then h.lease_expires_at end,
+                            j.lease_expires_at, clock_timestamp()) - clock_timestamp())))::integer
+                   as wait_s,
                  -- Thumbnails take the caller's bucket (THUMBQ_RATE_BUCKET; none: unlimited).
                  case when j.task = 'thumbnail' then p_bucket else t.bucket end as bucket,
                  j.group_id
             from unnest(v_prio, v_msg_ids, v_job_ids) as m(p, msg_id, job_id)
             left join thumbq.jobs j on j.id = m.job_id
-            left join thumbq.tasks t on t.name = j.task) c;
-
-      -- Buckets of other tasks: take what this claim needs; what they refuse waits for them.
-      v_limited := '{}';
-      v_limited_s := null;
-      for r in select c.bucket, array_agg(c.job_id order by c.msg_id) as ids
-                 from unnest(a_msg, a_job, a_cls, a_bucket) as c(msg_id, job_id, cls, bucket)
-                where c.cls = 'take' and c.bucket is not null
-                  and c.bucket is distinct from p_bucket
-                group by c.bucket order by c.bucket loop
-        select t.taken, t.retry_after_ms into v_left, v_retry
-          from thumbq.take_tokens(r.bucket, cardinality(r.ids), true) t;
-        if found and v_left < cardinality(r.ids) then
-          v_limited := v_limited || r.ids[v_left + 1:];
-          v_limited_s := least(coalesce(v_limited_s, 2147483647),
-                               greatest(1, ceil(coalesce(v_retry, 1000) / 1000.0))::integer);
-        end if;
-      end loop;
-      if cardinality(v_limited) > 0 then
-        select array_agg(case when x.job_id = any(v_limited) and x.cls = 'take' then 'limited'
-                              else x.cls end order by x.i)
-          into a_cls
-          from unnest(a_job, a_cls) with ordinality as x(job_id, cls, i);
-      end if;
+            left join thumbq.tasks t on t.name = j.task
+            left join lateral thumbq.held_by(j.ordering_key, j.sequence) h
+              on j.ordering_key is not null) c;
 
       -- Every message operation before any group row: these are all messages this
       -- transaction already holds, so none of them waits.
       perform thumbq.delete_messages(array_agg(c.prio), array_agg(c.msg_id))
          from unnest(a_prio, a_msg, a_cls) as c(prio, msg_id, cls)
-        where c.cls in ('stale', 'dead') having count(*) > 0;
+        where c.cls in ('stale', 'dead', 'held') having count(*) > 0;
       perform thumbq.set_message_vt(array_agg(c.prio), array_agg(c.msg_id),
-                                    array_agg(case c.cls when 'busy' then 1
-                                                         when 'leased' then c.lease_s
-                                                         else v_limited_s end))
-         from unnest(a_prio, a_msg, a_cls, a_lease) as c(prio, msg_id, cls, lease_s)
-        where c.cls in ('busy', 'leased', 'limited') having count(*) > 0;
-      select array_agg(c.job_id order by c.job_id) into v_dead
-        from unnest(a_job, a_cls) as c(job_id, cls) where c.cls = 'dead';
+                                    array_agg(case c.cls when 'busy' then 1 else c.wait_s end))
+         from unnest(a_prio, a_msg, a_cls, a_wait) as c(prio, msg_id, cls, wait_s)
+        where c.cls in ('busy', 'leased') having count(*) > 0;
+      select array_agg(c.job_id order by c.job_id) filter (where c.cls = 'dead'),
+             array_agg(c.job_id order by c.job_id) filter (where c.cls = 'held')
+        into v_dead, v_held
+        from unnest(a_job, a_cls) as c(job_id, cls);
       v_dlq := '{}';
       if v_dead is not null then
         select coalesce(array_agg((select pgmq.send('thumbq_dlq', jsonb_build_object(
@@ -989,26 +1233,44 @@ begin
           from thumbq.jobs j where j.id = any(v_dead);
       end if;
 
-      -- The bucket before the group rows: give back what was taken for nothing.
-      select array_agg(c.job_id order by c.msg_id),
-             count(*) filter (where c.bucket is not distinct from p_bucket)
-        into v_take, v_prepaid_used
-        from unnest(a_msg, a_job, a_cls, a_bucket) as c(msg_id, job_id, cls, bucket)
-       where c.cls = 'take';
-      if p_bucket is not null and v_allowed > coalesce(v_prepaid_used, 0) then
-        perform thumbq.refund_tokens(p_bucket, v_allowed - coalesce(v_prepaid_used, 0));
-      end if;
-
       perform thumbq.lock_groups(array(select c.group_id
                                          from unnest(a_cls, a_group) as c(cls, group_id)
                                         where c.cls in ('take', 'dead')));
+
+      -- The buckets last: what each refuses waits for it (those messages are this claim's).
+      v_limited := '{}';
+      v_limited_s := null;
+      for r in select c.bucket, array_agg(c.job_id order by c.msg_id) as ids
+                 from unnest(a_msg, a_job, a_cls, a_bucket) as c(msg_id, job_id, cls, bucket)
+                where c.cls = 'take' and c.bucket is not null
+                group by c.bucket order by c.bucket loop
+        select t.taken, t.retry_after_ms into v_granted, v_retry
+          from thumbq.take_tokens(r.bucket, cardinality(r.ids), true) t;
+        if found and v_granted < cardinality(r.ids) then
+          v_limited := v_limited || r.ids[v_granted + 1:];
+          v_limited_s := least(coalesce(v_limited_s, 2147483647),
+                               greatest(1, ceil(coalesce(v_retry, 1000) / 1000.0))::integer);
+        end if;
+      end loop;
+      if cardinality(v_limited) > 0 then
+        perform thumbq.set_message_vt(array_agg(c.prio), array_agg(c.msg_id),
+                                      array_fill(v_limited_s, array[count(*)::integer]))
+           from unnest(a_prio, a_msg, a_job) as c(prio, msg_id, job_id)
+          where c.job_id = any(v_limited);
+      end if;
+
+      -- A job that is not its key's head gives its message up (the head's end sends it one).
+      if v_held is not null then
+        update thumbq.jobs set msg_id = null where id = any(v_held);
+      end if;
 
       -- One status change for everything taken and dead-lettered.
       with d as (
         select * from unnest(coalesce(v_dead, '{}'), v_dlq) as d(job_id, dlq_msg_id)
       ), x as (
-        select t.job_id, null::bigint as dlq_msg_id, false as dead
-          from unnest(coalesce(v_take, '{}')) as t(job_id)
+        select c.job_id, null::bigint as dlq_msg_id, false as dead
+          from unnest(a_job, a_cls) as c(job_id, cls)
+         where c.cls = 'take' and not (c.job_id = any(v_limited))
         union all
         select d.job_id, d.dlq_msg_id, true from d
       ), u as (
@@ -1040,9 +1302,8 @@ begin
       -- The claimed jobs as JSON objects of these columns (jsonb_agg of the row itself: no
       -- function call per job, which cost a tenth of a claim).
       select coalesce(jsonb_agg(u order by array_position(v_bands, u.priority::integer), u.msg_id)
-                        filter (where u.status = 'processing'), '[]'::jsonb),
-             count(*) filter (where u.status = 'processing')
-        into v_jobs, v_claimed
+                        filter (where u.status = 'processing'), '[]'::jsonb)
+        into v_jobs
         from u;
       exit;
     exception when deadlock_detected or serialization_failure then
@@ -1054,30 +1315,33 @@ begin
     end;
   end loop;
 
-  -- The bucket, not the queue, cut this claim short when it granted fewer tokens than asked
-  -- and the queue had a message for every one: say so, or the caller takes it for drained.
-  v_limited_flag := v_allowed < p_qty and cardinality(v_msg_ids) >= v_allowed;
-  return jsonb_build_object('jobs', v_jobs, 'rate_limited', v_limited_flag,
-                            'retry_after_ms', case when v_limited_flag then v_retry
-                                                   when v_limited_s is not null
-                                                     then v_limited_s * 1000 end,
+  -- The buckets, not the queue, cut this claim short when it read no more than they could
+  -- grant and the queue had a message for each, or when one refused a job it read: say so,
+  -- or the caller takes the short claim for a drained queue.
+  v_cut := v_read < v_want and cardinality(v_msg_ids) >= v_read;
+  return jsonb_build_object('jobs', v_jobs,
+                            'rate_limited', v_cut or cardinality(v_limited) > 0,
+                            'retry_after_ms', case when v_limited_s is not null
+                                                     then v_limited_s * 1000
+                                                   when v_cut then coalesce(v_retry, 1000) end,
                             'read', cardinality(v_msg_ids),
                             'limited', cardinality(v_limited));
 end
 $$;
 
 -- Claim one given job, if it waits: what an interactive call (`POST /api/jobs` with wait_ms)
--- runs at once, under the same lease and rate limit as a batch. Returns {"jobs": [job]} or
--- {"jobs": [], "reason": "busy" | "not_waiting" | "rate_limited", "retry_after_ms"}.
+-- runs at once, under the same lease, rules and rate limit as a batch. Returns {"jobs": [job]}
+-- or {"jobs": [], "reason": "busy" | "not_waiting" | "rate_limited", "retry_after_ms"}.
+drop function if exists thumbq.claim_job(text, bigint, integer, text, boolean);
 create or replace function thumbq.claim_job(p_worker_id text, p_job_id bigint,
                                             p_vt_seconds integer,
-                                            p_bucket text default 'thumbnail_generation',
-                                            p_prepaid boolean default false)
+                                            p_bucket text default 'thumbnail_generation')
 returns jsonb
 language plpgsql
 as $$
 declare
   j thumbq.jobs;
+  h record;
   v_bucket text;
   v_grant record;
   v_out jsonb;
@@ -1092,25 +1356,36 @@ begin
      or j.next_attempt_at > clock_timestamp() or j.attempts >= j.max_attempts then
     return jsonb_build_object('jobs', '[]'::jsonb, 'reason', 'not_waiting');
   end if;
+  -- A cancelled run of this version, or of the one before it in its ordering key, may still
+  -- be going: never two runs at once, never out of order.
+  if j.lease_expires_at > clock_timestamp() then
+    return jsonb_build_object('jobs', '[]'::jsonb, 'reason', 'busy');
+  end if;
+  if j.ordering_key is not null then
+    select * into h from thumbq.held_by(j.ordering_key, j.sequence);
+    if found then
+      return jsonb_build_object('jobs', '[]'::jsonb, 'reason',
+                                case when h.status = 'cancelled' then 'busy'
+                                     else 'not_waiting' end);
+    end if;
+  end if;
   -- The message, leased for the run (a claim reading it meanwhile finds the job locked).
   if not exists (select 1 from pgmq.set_vt(thumbq.band_queue(j.priority), j.msg_id,
                                            p_vt_seconds)) then
     return jsonb_build_object('jobs', '[]'::jsonb, 'reason', 'not_waiting');
   end if;
+  perform thumbq.lock_groups(array[j.group_id]);
   select case when j.task = 'thumbnail' then p_bucket else t.bucket end
     into v_bucket
     from (select 1) one left join thumbq.tasks t on t.name = j.task;
-  if v_bucket is not null and not (p_prepaid and v_bucket is not distinct from p_bucket) then
+  if v_bucket is not null then
     select * into v_grant from thumbq.take_tokens(v_bucket, 1, false);
     if found and not v_grant.granted then
       perform pgmq.set_vt(thumbq.band_queue(j.priority), j.msg_id, 0);
       return jsonb_build_object('jobs', '[]'::jsonb, 'reason', 'rate_limited',
                                 'retry_after_ms', v_grant.retry_after_ms);
     end if;
-  elsif p_prepaid and p_bucket is not null and v_bucket is distinct from p_bucket then
-    perform thumbq.refund_tokens(p_bucket, 1);
   end if;
-  perform thumbq.lock_groups(array[j.group_id]);
   with u as (
     update thumbq.jobs
        set status = 'processing', attempts = attempts + 1, worker_id = p_worker_id,
@@ -1148,88 +1423,230 @@ begin
 end
 $$;
 
--- Send the message of each ordering key's new head, once the jobs in p_done have finished
--- (completed or cancelled). Called with the keys locked, before the caller's status change.
-create or replace function thumbq.release_heads(p_keys text[], p_done bigint[])
+-- Send the message of each ordering key's new head, once the jobs in p_ended no longer hold it
+-- (completed, cancelled, or their cancelled run stopped). With p_wait_running, a job of p_ended
+-- still running (being cancelled) keeps holding its key until its lease ends: the new head's
+-- message is hidden until then (a handler stops only at its next check or at its deadline;
+-- its report ends the wait sooner, wake_heads). Called with the keys locked, before the
+-- caller's status change.
+create or replace function thumbq.release_heads(p_keys text[], p_ended bigint[],
+                                                p_wait_running boolean default false)
 returns void
 language plpgsql
 as $$
 declare
   v_heads bigint[];
+  v_delays integer[];
 begin
   if p_keys is null then
     return;
   end if;
-  select array_agg(h.job_id order by h.job_id) into v_heads
-    from thumbq.heads_to_release(p_keys, p_done) h;
+  select array_agg(h.job_id order by h.job_id),
+         array_agg(coalesce((
+           select greatest(0, ceil(extract(epoch from max(e.lease_expires_at)
+                                                     - clock_timestamp())))::integer
+             from thumbq.jobs e
+            where p_wait_running and e.id = any(p_ended) and e.ordering_key = h.ordering_key
+              and e.status = 'processing' and e.lease_expires_at > clock_timestamp()), 0)
+           order by h.job_id)
+    into v_heads, v_delays
+    from thumbq.heads_of(p_keys, p_ended) h
+   where h.status = 'pending' and h.msg_id is null;
   if v_heads is null then
     return;
   end if;
   perform 1 from thumbq.jobs j where j.id = any(v_heads) order by j.id for update;
   update thumbq.jobs j
      set msg_id = (select pgmq.send(thumbq.band_queue(j.priority),
-                                    jsonb_build_object('job_id', j.id)))
-   where j.id = any(v_heads) and j.msg_id is null and j.status = 'pending';
+                                    jsonb_build_object('job_id', j.id), d.delay_s))
+    from unnest(v_heads, v_delays) as d(job_id, delay_s)
+   where j.id = d.job_id and j.msg_id is null and j.status = 'pending';
 end
+$$;
+
+-- A cancelled job's run has stopped (its worker reported, whatever it reported): its lease
+-- ends, and the head of its ordering key, hidden until that lease's end, becomes visible now.
+-- Called with the keys locked and the rows of p_job_ids locked, after the caller's message
+-- operations on its own jobs.
+create or replace function thumbq.end_cancelled_runs(p_worker_id text, p_job_ids bigint[])
+returns integer
+language plpgsql
+as $$
+declare
+  v_ended bigint[];
+  v_keys text[];
+  v_heads bigint[];
+  v_msgs bigint[];
+  v_prio integer[];
+begin
+  select array_agg(j.id order by j.id),
+         array_agg(distinct j.ordering_key) filter (where j.ordering_key is not null)
+    into v_ended, v_keys
+    from thumbq.jobs j
+   where j.id = any(p_job_ids) and j.status = 'cancelled' and j.worker_id = p_worker_id
+     and j.lease_expires_at is not null;
+  if v_ended is null then
+    return 0;
+  end if;
+  if v_keys is not null then
+    -- Only a head that waits for nothing else: a retry keeps its backoff. The heads' rows are
+    -- not touched (their message only): claim and claim_job check the key's holder themselves.
+    select array_agg(j.id order by j.id), array_agg(j.msg_id order by j.id),
+           array_agg(j.priority::integer order by j.id)
+      into v_heads, v_msgs, v_prio
+      from thumbq.heads_of(v_keys, v_ended) h
+      join thumbq.jobs j on j.id = h.job_id
+     where j.status = 'pending' and j.msg_id is not null and j.attempts = 0
+       and j.next_attempt_at is null;
+    if v_heads is not null then
+      perform thumbq.set_message_vt(v_prio, v_msgs, array_fill(0, array[cardinality(v_heads)]));
+    end if;
+  end if;
+  update thumbq.jobs set lease_expires_at = null where id = any(v_ended);
+  return cardinality(v_ended);
+end
+$$;
+
+-- A running job's lease and its message's visibility, renewed by its holder (a handler that
+-- overran its invocation keeps its job until it ends). Jobs cancelled meanwhile keep their
+-- run's lease too (their ordering key waits for it); returns the ids still processing.
+create or replace function thumbq.extend_leases(p_worker_id text, p_job_ids bigint[],
+                                                p_vt_seconds integer)
+returns bigint[]
+language plpgsql
+as $$
+declare
+  v_ids bigint[];
+  v_msgs bigint[];
+  v_prio integer[];
+  v_held bigint[];
+begin
+  select array_agg(s.id), array_agg(s.msg_id), array_agg(s.priority),
+         array_agg(s.id) filter (where s.status = 'processing')
+    into v_ids, v_msgs, v_prio, v_held
+    from (select j.id, j.msg_id, j.priority::integer as priority, j.status
+            from thumbq.jobs j
+           where j.id = any(p_job_ids) and j.worker_id = p_worker_id
+             and (j.status = 'processing'
+                  or (j.status = 'cancelled' and j.lease_expires_at is not null))
+           order by j.id
+             for update) s;
+  if v_ids is null then
+    return '{}';
+  end if;
+  perform thumbq.set_message_vt(v_prio, v_msgs,
+                                array_fill(greatest(p_vt_seconds, 1), array[cardinality(v_ids)]));
+  update thumbq.jobs
+     set lease_expires_at = clock_timestamp() + make_interval(secs => greatest(p_vt_seconds, 1))
+   where id = any(v_ids);
+  return coalesce(v_held, '{}');
+end
+$$;
+
+-- Tokens the buckets that a claim may take from hold now, read without locking them: null when
+-- some job could be unlimited (thumbnails without a bucket, a task without one), so that a
+-- claim reads no more messages than it could be granted. retry_after_ms: when the first empty
+-- bucket has a token again.
+create or replace function thumbq.bucket_levels(p_bucket text)
+returns table (tokens integer, retry_after_ms integer)
+language sql
+stable
+as $$
+  with b as (
+    select r.name, r.refill_per_second,
+           least(r.capacity, r.tokens + r.refill_per_second
+                 * greatest(0, extract(epoch from clock_timestamp() - r.refilled_at))) as avail
+      from thumbq.rate_limits r
+     where r.name = p_bucket
+        or r.name in (select t.bucket from thumbq.tasks t where t.bucket is not null)
+  )
+  select case when p_bucket is null
+                or not exists (select 1 from b where b.name = p_bucket)
+                or exists (select 1 from thumbq.tasks t
+                            where t.bucket is null
+                               or not exists (select 1 from b where b.name = t.bucket))
+              then null
+              else (select coalesce(sum(floor(b.avail)), 0)::integer from b) end,
+         (select min(ceil((1 - b.avail) * 1000.0 / b.refill_per_second))::integer
+            from b where b.avail < 1 and b.refill_per_second > 0)
 $$;
 
 -- Record finished jobs: p_results is a JSON array of {"job_id", "msg_id", "thumbnail_key"?,
 -- "thumbnail_content_type"?, "width"?, "height"?, "bytes"?, "duration_ms"?, "source_type"?,
 -- "thumbnails"?, "thumbhash"?, "dominant_color"?, "degraded"?, "result"?}. Only jobs still
 -- leased by p_worker_id under that message change; their messages are deleted, and the next
--- job of each ordering key gets its message. A job whose row another transaction holds (a
--- cancel under way, an operator's statement) is skipped rather than waited for: the rest of
--- the batch is recorded, and that one comes back with its lease. Returns how many completed.
-create or replace function thumbq.complete(p_worker_id text, p_results jsonb)
-returns integer
+-- job of each ordering key gets its message. A report on a job cancelled while it ran ends
+-- that run's lease (its key's next job may go now). One row per job: `completed`,
+-- `not_held` (cancelled, or taken over after its lease), or `busy`: with p_wait false, a job
+-- whose row another transaction holds is left for a later call rather than waited for, so
+-- that one locked row does not hold up the rest (the engine then waits for it alone).
+create or replace function thumbq.complete_jobs(p_worker_id text, p_results jsonb,
+                                                p_wait boolean default true)
+returns table (job_id bigint, outcome text)
 language plpgsql
 as $$
+#variable_conflict use_column
 declare
   v_keys text[];
+  v_all bigint[];
+  v_locked bigint[];
   v_ids bigint[];
   v_msgs bigint[];
   v_prio integer[];
   v_attempt integer := 0;
 begin
+  v_all := array(select r.job_id from jsonb_to_recordset(p_results) as r(job_id bigint));
   loop
     begin
-      v_keys := thumbq.lock_ordering_keys_of(array(
-        select r.job_id from jsonb_to_recordset(p_results) as r(job_id bigint)));
-      select array_agg(s.id), array_agg(s.msg_id), array_agg(s.priority)
-        into v_ids, v_msgs, v_prio
-        from (select j.id, j.msg_id, j.priority::integer as priority
-                from thumbq.jobs j
-                join jsonb_to_recordset(p_results) as r(job_id bigint, msg_id bigint)
-                  on j.id = r.job_id and j.msg_id = r.msg_id
-               where j.status = 'processing' and j.worker_id = p_worker_id
-               order by j.id
-                 for update of j skip locked) s;
-      if v_ids is null then
-        return 0;
+      v_keys := thumbq.lock_ordering_keys_of(v_all);
+      if p_wait then
+        v_locked := array(select j.id from thumbq.jobs j where j.id = any(v_all)
+                           order by j.id for update);
+      else
+        v_locked := array(select j.id from thumbq.jobs j where j.id = any(v_all)
+                           order by j.id for update skip locked);
       end if;
-      perform thumbq.delete_messages(v_prio, v_msgs);
-      perform thumbq.release_heads(v_keys, v_ids);
-      -- The results parsed once into typed columns (a join on JSON text would extract them
-      -- for every pair of rows).
-      update thumbq.jobs j
-         set status = 'completed', error_code = null, last_error = null,
-             thumbnail_key = r.thumbnail_key,
-             thumbnail_content_type = r.thumbnail_content_type,
-             width = r.width, height = r.height, bytes = r.bytes, duration_ms = r.duration_ms,
-             content_type = coalesce(j.content_type, r.source_type),
-             thumbnails = r.thumbnails, thumbhash = r.thumbhash,
-             dominant_color = r.dominant_color, degraded = coalesce(r.degraded, false),
-             result = r.result,
-             progress_done = coalesce(j.progress_total, j.progress_done),
-             completed_at = clock_timestamp(), updated_at = clock_timestamp(),
-             lease_expires_at = null, msg_id = null
-        from jsonb_to_recordset(p_results)
-          as r(job_id bigint, thumbnail_key text, thumbnail_content_type text, width integer,
-               height integer, bytes bigint, duration_ms integer, source_type text,
-               thumbnails jsonb, thumbhash text, dominant_color text, degraded boolean,
-               result jsonb)
-       where j.id = any(v_ids) and j.id = r.job_id;
-      return cardinality(v_ids);
+      select array_agg(j.id order by j.id), array_agg(j.msg_id order by j.id),
+             array_agg(j.priority::integer order by j.id)
+        into v_ids, v_msgs, v_prio
+        from thumbq.jobs j
+        join jsonb_to_recordset(p_results) as r(job_id bigint, msg_id bigint)
+          on j.id = r.job_id and j.msg_id = r.msg_id
+       where j.id = any(v_locked) and j.status = 'processing' and j.worker_id = p_worker_id;
+      if v_ids is not null then
+        perform thumbq.delete_messages(v_prio, v_msgs);
+        perform thumbq.release_heads(v_keys, v_ids);
+      end if;
+      perform thumbq.end_cancelled_runs(p_worker_id, v_locked);
+      if v_ids is not null then
+        -- The results parsed once into typed columns (a join on JSON text would extract them
+        -- for every pair of rows).
+        update thumbq.jobs j
+           set status = 'completed', error_code = null, last_error = null,
+               thumbnail_key = r.thumbnail_key,
+               thumbnail_content_type = r.thumbnail_content_type,
+               width = r.width, height = r.height, bytes = r.bytes, duration_ms = r.duration_ms,
+               content_type = coalesce(j.content_type, r.source_type),
+               thumbnails = r.thumbnails, thumbhash = r.thumbhash,
+               dominant_color = r.dominant_color, degraded = coalesce(r.degraded, false),
+               result = r.result,
+               progress_done = coalesce(j.progress_total, j.progress_done),
+               completed_at = clock_timestamp(), updated_at = clock_timestamp(),
+               lease_expires_at = null, msg_id = null
+          from jsonb_to_recordset(p_results)
+            as r(job_id bigint, thumbnail_key text, thumbnail_content_type text, width integer,
+                 height integer, bytes bigint, duration_ms integer, source_type text,
+                 thumbnails jsonb, thumbhash text, dominant_color text, degraded boolean,
+                 result jsonb)
+         where j.id = any(v_ids) and j.id = r.job_id;
+      end if;
+      return query
+      select a.id, case when a.id = any(coalesce(v_ids, '{}')) then 'completed'
+                        when a.id = any(v_locked) then 'not_held'
+                        when exists (select 1 from thumbq.jobs j where j.id = a.id) then 'busy'
+                        else 'not_held' end
+        from unnest(v_all) as a(id);
+      return;
     exception when deadlock_detected or serialization_failure then
       v_attempt := v_attempt + 1;
       if v_attempt >= 5 then
@@ -1241,10 +1658,21 @@ begin
 end
 $$;
 
+-- Record finished jobs (complete_jobs, waiting for rows others hold); returns how many
+-- completed. The one call an RPC user needs.
+create or replace function thumbq.complete(p_worker_id text, p_results jsonb)
+returns integer
+language sql
+as $$
+  select count(*)::integer from thumbq.complete_jobs(p_worker_id, p_results, true) c
+   where c.outcome = 'completed'
+$$;
+
 -- A running job's checkpoint, from its lease holder: its state (null keeps the last) and
 -- progress are saved. With p_requeue the handler stopped to be resumed later: the job waits
 -- again, visible at once, and the attempt it used is given back (a checkpoint is not a
--- failure). Returns {"owned": bool, "status": text}: a job cancelled meanwhile is not owned.
+-- failure). Returns {"owned": bool, "status": text}: a job cancelled meanwhile is not owned
+-- (and a requeue from its run ends that run's lease).
 create or replace function thumbq.checkpoint(p_worker_id text, p_job_id bigint, p_msg_id bigint,
                                              p_state jsonb, p_done bigint, p_total bigint,
                                              p_requeue boolean)
@@ -1253,10 +1681,17 @@ language plpgsql
 as $$
 declare
   j thumbq.jobs;
+  v_keys text[];
 begin
+  if p_requeue then
+    v_keys := thumbq.lock_ordering_keys_of(array[p_job_id]);
+  end if;
   select * into j from thumbq.jobs where id = p_job_id for update;
   if not found or j.status <> 'processing' or j.worker_id is distinct from p_worker_id
      or j.msg_id is distinct from p_msg_id then
+    if found and p_requeue then
+      perform thumbq.end_cancelled_runs(p_worker_id, array[j.id]);
+    end if;
     return jsonb_build_object('owned', false, 'status', j.status);
   end if;
   if p_requeue then
@@ -1309,6 +1744,9 @@ begin
       select * into j from thumbq.jobs where id = p_job_id for update;
       if not found or j.status <> 'processing' or j.worker_id is distinct from p_worker_id
          or j.msg_id is distinct from p_msg_id then
+        if found then
+          perform thumbq.end_cancelled_runs(p_worker_id, array[j.id]);
+        end if;
         return jsonb_build_object('status', j.status, 'owned', false, 'retry_in_s', null);
       end if;
 
@@ -1387,7 +1825,11 @@ begin
         return 0;
       end if;
       perform thumbq.set_message_vt(v_prio, v_msgs, array_fill(0, array[cardinality(v_ids)]));
-      -- The buckets before the group rows: each job's token goes back where it came from
+      update thumbq.jobs j
+         set status = 'pending', attempts = greatest(j.attempts - 1, 0), worker_id = null,
+             lease_expires_at = null, started_at = null, updated_at = clock_timestamp()
+       where j.id = any(v_ids);
+      -- The buckets last (the header's order): each job's token goes back where it came from
       -- (p_bucket for thumbnails, the task's own bucket for the others).
       perform thumbq.refund_tokens(b.bucket, b.n)
          from (select case when j.task = 'thumbnail' then p_bucket else t.bucket end as bucket,
@@ -1396,10 +1838,6 @@ begin
                 where j.id = any(v_ids)
                 group by 1 order by 1) b
         where b.bucket is not null;
-      update thumbq.jobs j
-         set status = 'pending', attempts = greatest(j.attempts - 1, 0), worker_id = null,
-             lease_expires_at = null, started_at = null, updated_at = clock_timestamp()
-       where j.id = any(v_ids);
       return cardinality(v_ids);
     exception when deadlock_detected or serialization_failure then
       v_attempt := v_attempt + 1;
@@ -1459,7 +1897,8 @@ $$;
 -- Groups -------------------------------------------------------------------------------------
 
 -- Queue a group's failed jobs again with fresh attempts, each with one new message (a job of an
--- ordering key only when it is the key's head); their dead letters are removed.
+-- ordering key only when it is the key's head), and its unsupported jobs that hold an ordering
+-- key (their task may be deployed since); their dead letters are removed.
 create or replace function thumbq.retry_failed(p_group_id text)
 returns integer
 language plpgsql
@@ -1472,11 +1911,16 @@ begin
   loop
     begin
       perform thumbq.lock_ordering_keys_of(array(
-        select j.id from thumbq.jobs j where j.group_id = p_group_id and j.status = 'failed'));
+        select j.id from thumbq.jobs j
+         where j.group_id = p_group_id
+           and (j.status = 'failed'
+                or (j.status = 'unsupported' and j.ordering_key is not null))));
       select array_agg(s.id), array_agg(s.dlq_msg_id) filter (where s.dlq_msg_id is not null)
         into v_ids, v_dlq
         from (select j.id, j.dlq_msg_id from thumbq.jobs j
-               where j.group_id = p_group_id and j.status = 'failed'
+               where j.group_id = p_group_id
+                 and (j.status = 'failed'
+                      or (j.status = 'unsupported' and j.ordering_key is not null))
                order by j.id
                  for update) s;
       if v_ids is null then
@@ -1487,10 +1931,8 @@ begin
       end if;
       with m as (
         select j.id,
-               case when j.ordering_key is null or not exists (
-                      select 1 from thumbq.jobs o
-                       where o.ordering_key = j.ordering_key and o.sequence < j.sequence
-                         and o.status in ('pending', 'processing', 'failed', 'unsupported'))
+               case when j.ordering_key is null
+                      or not exists (select 1 from thumbq.held_by(j.ordering_key, j.sequence))
                     then (select pgmq.send(thumbq.band_queue(j.priority),
                                            jsonb_build_object('job_id', j.id))) end as msg_id
           from thumbq.jobs j where j.id = any(v_ids)
@@ -1514,10 +1956,12 @@ begin
 end
 $$;
 
--- Cancel jobs that still wait or run: their messages are deleted, their status says why, and
--- the next job of each ordering key goes. A worker running one of them finds it cancelled
--- (ctx.cancelled(), or when it reports) and changes nothing; the lease it held is kept on the
--- row, so that enqueueing the version again waits for it. Returns how many were cancelled.
+-- Cancel jobs that still wait or run, and failed or unsupported jobs that hold their ordering
+-- key: their messages are deleted, their status says why, and the next job of each ordering key
+-- goes. A worker running one of them finds it cancelled (ctx.cancelled(), or when it reports)
+-- and changes nothing; the lease it held is kept on the row, so that enqueueing the version
+-- again waits for it, and so does the next job of its ordering key (until the run reports or
+-- the lease ends). Returns how many were cancelled.
 create or replace function thumbq.cancel_jobs(p_job_ids bigint[],
                                               p_error_code text default 'cancelled',
                                               p_message text default 'cancelled by request')
@@ -1537,14 +1981,16 @@ begin
       select array_agg(s.id), array_agg(s.msg_id), array_agg(s.priority)
         into v_ids, v_msgs, v_prio
         from (select j.id, j.msg_id, j.priority::integer as priority from thumbq.jobs j
-               where j.id = any(p_job_ids) and j.status in ('pending', 'processing')
+               where j.id = any(p_job_ids)
+                 and (j.status in ('pending', 'processing')
+                      or (j.status in ('failed', 'unsupported') and j.ordering_key is not null))
                order by j.id
                  for update) s;
       if v_ids is null then
         return 0;
       end if;
       perform thumbq.delete_messages(v_prio, v_msgs);
-      perform thumbq.release_heads(v_keys, v_ids);
+      perform thumbq.release_heads(v_keys, v_ids, true);
       update thumbq.jobs j
          set status = 'cancelled', error_code = p_error_code, last_error = p_message,
              completed_at = clock_timestamp(), updated_at = clock_timestamp(), msg_id = null
@@ -1575,7 +2021,7 @@ $$;
 
 -- Prune history older than p_days in one bounded chunk of at most p_limit rows per kind:
 -- terminal jobs (with their dead letters), batch runs, and pgmq's archive of thumbq's queues.
--- Group rows stay. Returns what it deleted; call again until everything is 0.
+-- Group rows stay, and so does a failed or unsupported job that holds its ordering key. Returns what it deleted; call again until everything is 0.
 create or replace function thumbq.prune(p_days integer, p_limit integer default 5000)
 returns jsonb
 language plpgsql
@@ -1598,6 +2044,13 @@ begin
      where j.id in (select x.id from thumbq.jobs x
                      where x.completed_at < v_cutoff
                        and x.status in ('completed', 'failed', 'unsupported', 'cancelled')
+                       -- A failed or unsupported job holds the rest of its ordering key.
+                       and not (x.ordering_key is not null
+                                and x.status in ('failed', 'unsupported')
+                                and exists (select 1 from thumbq.jobs y
+                                             where y.ordering_key = x.ordering_key
+                                               and y.sequence > x.sequence
+                                               and y.status = 'pending'))
                      order by x.completed_at
                      limit greatest(p_limit, 0)
                        for update skip locked)
@@ -1618,7 +2071,8 @@ begin
   get diagnostics v_runs = row_count;
 
   -- pgmq keeps archived messages forever and its 1.4.4 API has no way to prune them.
-  foreach t in array array['a_thumbq_jobs', 'a_thumbq_dlq'] loop
+  foreach t in array array['a_thumbq_jobs', 'a_thumbq_dlq']
+      || array(select 'a_thumbq_jobs_p' || p from generate_series(1, 9) p) loop
     if to_regclass('pgmq.' || t) is not null then
       execute format('delete from pgmq.%I where msg_id in (select msg_id from pgmq.%I'
                      ' where archived_at < $1 order by msg_id limit $2)', t, t)

@@ -6,11 +6,10 @@ select job_id, source_key, source_etag, created, status
   from thumbq.enqueue_batch(%(items)s::jsonb, %(group_id)s, %(max_attempts)s)
 
 -- name: claim
-select thumbq.claim(%(worker_id)s, %(qty)s, %(vt_seconds)s, %(bucket)s, %(prepaid)s,
-                    %(ageing_s)s) as result
+select thumbq.claim(%(worker_id)s, %(qty)s, %(vt_seconds)s, %(bucket)s, %(ageing_s)s) as result
 
 -- name: complete
-select thumbq.complete(%(worker_id)s, %(results)s::jsonb) as completed
+select job_id, outcome from thumbq.complete_jobs(%(worker_id)s, %(results)s::jsonb, %(wait)s)
 
 -- name: fail
 select thumbq.fail(%(worker_id)s, %(msg_id)s, %(job_id)s, %(error_code)s, %(message)s,
@@ -155,8 +154,14 @@ select job_id, task, created, status, ordering_key, sequence
   from thumbq.enqueue_jobs(%(items)s::jsonb, %(group_id)s, %(max_attempts)s)
 
 -- name: claim_job
-select thumbq.claim_job(%(worker_id)s, %(job_id)s, %(vt_seconds)s, %(bucket)s, %(prepaid)s)
-  as result
+select thumbq.claim_job(%(worker_id)s, %(job_id)s, %(vt_seconds)s, %(bucket)s) as result
+
+-- name: enqueue_mixed
+select thumbq.enqueue_mixed(%(files)s::jsonb, %(jobs)s::jsonb, %(group_id)s,
+                            %(max_attempts)s) as result
+
+-- name: extend_leases
+select thumbq.extend_leases(%(worker_id)s, %(job_ids)s::bigint[], %(vt_seconds)s) as held
 
 -- name: checkpoint
 select thumbq.checkpoint(%(worker_id)s, %(job_id)s, %(msg_id)s, %(state)s::jsonb, %(done)s,

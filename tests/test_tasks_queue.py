@@ -79,6 +79,10 @@ def test_an_ordering_key_runs_in_sequence_one_at_a_time(conn: db.Conn) -> None:
     again = q.claim("w", 10, 60).jobs
     assert [(j.ordering_key, j.sequence) for j in again] == [("video-1", 2)]
     assert q.cancel_jobs([again[0].id]) == 1
+    # The cancelled run may still be going: the next job waits until its run reports (or
+    # its lease ends), never beside it.
+    assert q.claim("w", 10, 60).jobs == []
+    assert done(q, "w", again) == 0
     last = q.claim("w", 10, 60).jobs
     assert [(j.ordering_key, j.sequence) for j in last] == [("video-1", 3)]
     assert group_rows(conn) == recount(conn)

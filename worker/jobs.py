@@ -6,12 +6,11 @@ etag of a file given without one, a missing file is listed and ended `source_mis
 run, and the same version enqueued again is the same job. Any other task goes through
 `thumbq.enqueue_jobs` (idempotency keys, ordering keys, priorities). Items are checked by
 worker.validation before anything is written; a request that mixes both kinds writes them in one
-transaction, so that it is all or nothing like any other enqueue.
+transition (`thumbq.enqueue_mixed`), so that it is all or nothing like any other enqueue.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -102,37 +101,42 @@ def enqueue(
         )
     out: list[dict[str, Any]] = [{} for _ in items]
     try:
-        # Both kinds in one request: one transaction, so that it is all or nothing. One kind
-        # is one statement, atomic by itself, without BEGIN/COMMIT round trips.
-        with conn.transaction() if thumbs and others else contextlib.nullcontext():
-            if thumbs:
-                rows = {r["source_key"]: r for r in queue.enqueue(todo)}
-                seen: set[int] = set()
-                for (i, _), item in zip(thumbs, todo, strict=True):
-                    row = rows[item["source_key"]]
-                    out[i] = {
-                        "job_id": row["job_id"],
-                        "task": THUMBNAIL,
-                        # An item repeating a key of the same call names the same job.
-                        "created": bool(row["created"]) and row["job_id"] not in seen,
-                        "status": row["status"],
-                        "ordering_key": None,
-                        "sequence": None,
-                        "missing": item["source_key"] in missing,
-                    }
-                    seen.add(row["job_id"])
-            if others:
-                rows_in_order = queue.enqueue_jobs([it for _, it in others])
-                for (i, _), row in zip(others, rows_in_order, strict=True):
-                    out[i] = {
-                        "job_id": row["job_id"],
-                        "task": row["task"],
-                        "created": bool(row["created"]),
-                        "status": row["status"],
-                        "ordering_key": row["ordering_key"],
-                        "sequence": row["sequence"],
-                        "missing": False,
-                    }
+        # Both kinds in one request: one transition, all or nothing, with every lock of both
+        # in the one order (a transaction of two statements could deadlock another).
+        file_rows: list[dict[str, Any]] = []
+        job_rows: list[dict[str, Any]] = []
+        if thumbs and others:
+            file_rows, job_rows = queue.enqueue_mixed(todo, [it for _, it in others])
+        elif thumbs:
+            file_rows = queue.enqueue(todo)
+        elif others:
+            job_rows = queue.enqueue_jobs([it for _, it in others])
+        if thumbs:
+            rows = {r["source_key"]: r for r in file_rows}
+            seen: set[int] = set()
+            for (i, _), item in zip(thumbs, todo, strict=True):
+                row = rows[item["source_key"]]
+                out[i] = {
+                    "job_id": row["job_id"],
+                    "task": THUMBNAIL,
+                    # An item repeating a key of the same call names the same job.
+                    "created": bool(row["created"]) and row["job_id"] not in seen,
+                    "status": row["status"],
+                    "ordering_key": None,
+                    "sequence": None,
+                    "missing": item["source_key"] in missing,
+                }
+                seen.add(row["job_id"])
+        for (i, _), row in zip(others, job_rows, strict=True):
+            out[i] = {
+                "job_id": row["job_id"],
+                "task": row["task"],
+                "created": bool(row["created"]),
+                "status": row["status"],
+                "ordering_key": row["ordering_key"],
+                "sequence": row["sequence"],
+                "missing": False,
+            }
     except psycopg.errors.ExclusionViolation as exc:
         text = (exc.diag.message_primary or str(exc)).removeprefix("sequence_conflict: ")
         raise SequenceConflict(text) from None

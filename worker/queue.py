@@ -10,14 +10,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-import psycopg
-
-from worker import db, ratelimit
+from worker import db
 from worker.retry import BACKOFF_BASE_S, BACKOFF_CAP_S
-
-# Giving back the tokens of a claim cut at its deadline gets this long, and does not wait for
-# the WAL flush: the answer is due.
-_REFUND_BOUND = db.Bound(50, durable=False)
 
 
 def _left(bound: db.Bound | None, started: float) -> db.Bound | None:
@@ -160,80 +154,97 @@ class Queue:
     def claim(
         self, worker_id: str, qty: int, vt_seconds: int, *, bound: db.Bound | None = None
     ) -> Claim:
-        """Lease up to `qty` jobs under the rate limit.
-
-        The tokens are taken first, in a transaction of their own, so that concurrent claims
-        hold the bucket row only for that one statement, never for the whole claim; the claim
-        gives back what it could not use. With `bound`, both statements end within it."""
-        with self._turn_for("claim", bound) as started:
-            prepaid = limited_by_bucket = False
-            retry_after_ms: int | None = None
-            if self.bucket is not None and qty > 0:
-                grant = ratelimit.take(
-                    self.conn, self.bucket, qty, partial=True, bound=_left(bound, started)
-                )
-                if grant is not None:
-                    if grant.taken == 0:
-                        return Claim([], True, grant.retry_after_ms)
-                    prepaid = True
-                    limited_by_bucket = grant.taken < qty
-                    retry_after_ms = grant.retry_after_ms
-                    qty = grant.taken
-            params = {
-                "worker_id": worker_id,
-                "qty": qty,
-                "vt_seconds": vt_seconds,
-                "bucket": self.bucket,
-                "prepaid": prepaid,
-                "ageing_s": self.ageing_s,
-            }
-            try:
-                row = db.one(self.conn, "claim", params, bound=_left(bound, started))
-            except db.DeadlineExceeded:
-                if prepaid and self.bucket is not None:
-                    # The claim changed nothing: hand its tokens back (best effort, briefly).
-                    with contextlib.suppress(psycopg.Error):
-                        ratelimit.refund(self.conn, self.bucket, qty, bound=_REFUND_BOUND)
-                raise
+        """Lease up to `qty` jobs, each under its own bucket's rate limit (thumbnails: this
+        queue's bucket; tasks: theirs). One statement: the tokens are taken at its end, after
+        every other lock (sql/010_concurrency.sql), so concurrent claims hold a bucket row only
+        while nothing waits."""
+        params = {
+            "worker_id": worker_id,
+            "qty": qty,
+            "vt_seconds": vt_seconds,
+            "bucket": self.bucket,
+            "ageing_s": self.ageing_s,
+        }
+        row = self._one("claim", params, bound)
         assert row is not None
         r = row["result"]
-        jobs = [ClaimedJob.from_json(j) for j in r["jobs"]]
-        if limited_by_bucket and int(r.get("read", 0)) >= qty:
-            # The bucket, not the queue, cut this claim short: say so, or the caller takes the
-            # short claim for a drained queue.
-            return Claim(jobs, True, retry_after_ms)
         return Claim(
-            jobs, bool(r["rate_limited"]), r.get("retry_after_ms"), int(r.get("limited") or 0)
+            [ClaimedJob.from_json(j) for j in r["jobs"]],
+            bool(r["rate_limited"]),
+            r.get("retry_after_ms"),
+            int(r.get("limited") or 0),
         )
 
     def claim_job(
         self, worker_id: str, job_id: int, vt_seconds: int, *, bound: db.Bound | None = None
     ) -> tuple[ClaimedJob | None, dict[str, Any]]:
-        """Lease one given job if it waits (an interactive run), under the same lease and rate
-        limit as a batch. Returns the job, or None and why not (`reason`: busy, not_waiting,
-        rate_limited, with `retry_after_ms`)."""
-        with self._turn_for("claim_job", bound) as started:
-            prepaid = False
-            if self.bucket is not None:
-                grant = ratelimit.take(self.conn, self.bucket, 1, bound=_left(bound, started))
-                if grant is not None and not grant.granted:
-                    return None, {"reason": "rate_limited", "retry_after_ms": grant.retry_after_ms}
-                prepaid = grant is not None
-            params = {
-                "worker_id": worker_id,
-                "job_id": job_id,
-                "vt_seconds": vt_seconds,
-                "bucket": self.bucket,
-                "prepaid": prepaid,
+        """Lease one given job if it waits (an interactive run), under the same lease, rules
+        and rate limit as a batch. Returns the job, or None and why not (`reason`: busy,
+        not_waiting, rate_limited, with `retry_after_ms`)."""
+        params = {
+            "worker_id": worker_id,
+            "job_id": job_id,
+            "vt_seconds": vt_seconds,
+            "bucket": self.bucket,
+        }
+        row = self._one("claim_job", params, bound)
+        assert row is not None
+        r = dict(row["result"])
+        if r["jobs"]:
+            return ClaimedJob.from_json(r["jobs"][0]), r
+        return None, r
+
+    def extend_leases(
+        self,
+        worker_id: str,
+        job_ids: Sequence[int],
+        vt_seconds: int,
+        *,
+        bound: db.Bound | None = None,
+    ) -> set[int]:
+        """Renew the leases (and messages) of jobs `worker_id` still runs; returns the ids it
+        still holds (a job cancelled meanwhile keeps its run's lease but is not held)."""
+        if not job_ids:
+            return set()
+        row = self._one(
+            "extend_leases",
+            {"worker_id": worker_id, "job_ids": list(job_ids), "vt_seconds": vt_seconds},
+            bound,
+        )
+        return {int(i) for i in (row["held"] if row else None) or []}
+
+    def enqueue_mixed(
+        self,
+        files: Sequence[Mapping[str, Any]],
+        jobs: Sequence[Mapping[str, Any]],
+        group_id: str = "default",
+        *,
+        bound: db.Bound | None = None,
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Enqueue file versions (as `enqueue`) and task jobs (as `enqueue_jobs`) in one
+        transition, every lock of both in the one order; returns both answers."""
+        row = self._one(
+            "enqueue_mixed",
+            {
+                "files": json.dumps(list(files)),
+                "jobs": json.dumps(self._with_task_limits(jobs)),
+                "group_id": group_id,
+                "max_attempts": self.max_attempts,
+            },
+            bound,
+        )
+        assert row is not None
+        files_out = [
+            {
+                "job_id": r["id"],
+                "source_key": r["source_key"],
+                "source_etag": r["source_etag"],
+                "created": r["created"],
+                "status": r["status"],
             }
-            row = db.one(self.conn, "claim_job", params, bound=_left(bound, started))
-            assert row is not None
-            r = dict(row["result"])
-            if r["jobs"]:
-                return ClaimedJob.from_json(r["jobs"][0]), r
-            if prepaid and self.bucket is not None:
-                ratelimit.refund(self.conn, self.bucket, 1, bound=_REFUND_BOUND)
-            return None, r
+            for r in row["result"]["files"]
+        ]
+        return files_out, list(row["result"]["jobs"])
 
     def enqueue_jobs(
         self,
@@ -245,6 +256,19 @@ class Queue:
         """Enqueue jobs of any task (`task`, `payload`, `priority`, `ordering_key`, `sequence`,
         `idempotency_key`, `group_id`, `max_attempts`); one row per item, in order. A task
         registered in this process gives its jobs its own max_attempts."""
+        return self._run(
+            "enqueue_jobs",
+            {
+                "items": json.dumps(self._with_task_limits(items)),
+                "group_id": group_id,
+                "max_attempts": self.max_attempts,
+            },
+            bound,
+        )
+
+    @staticmethod
+    def _with_task_limits(items: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+        """The items, each with its task's own max_attempts where this process registered one."""
         from worker.tasks import REGISTRY
 
         todo = []
@@ -253,15 +277,7 @@ class Queue:
             if registered is not None and registered.max_attempts and "max_attempts" not in item:
                 item = {**item, "max_attempts": registered.max_attempts}
             todo.append(item)
-        return self._run(
-            "enqueue_jobs",
-            {
-                "items": json.dumps(todo),
-                "group_id": group_id,
-                "max_attempts": self.max_attempts,
-            },
-            bound,
-        )
+        return todo
 
     def checkpoint(
         self,
@@ -313,12 +329,34 @@ class Queue:
         *,
         bound: db.Bound | None = None,
     ) -> int:
-        """Record finished jobs (still leased by `worker_id`); returns how many changed."""
+        """Record finished jobs (still leased by `worker_id`); returns how many changed.
+
+        A job whose row another transaction holds (a cancel under way, an operator's
+        statement) is first left aside, so that it does not hold up the rest, then waited for
+        alone within `bound`: a report is recorded, never dropped because a row was briefly
+        locked."""
         payload = list(results)
         if not payload:
             return 0
-        row = self._one("complete", {"worker_id": worker_id, "results": json.dumps(payload)}, bound)
-        return int(row["completed"]) if row else 0
+        with self._turn_for("complete", bound) as started:
+            rows = db.run(
+                self.conn,
+                "complete",
+                {"worker_id": worker_id, "results": json.dumps(payload), "wait": False},
+                bound=_left(bound, started),
+            )
+            busy = {int(r["job_id"]) for r in rows if r["outcome"] == "busy"}
+            done = sum(r["outcome"] == "completed" for r in rows)
+            if busy:
+                rest = [p for p in payload if int(p["job_id"]) in busy]
+                rows = db.run(
+                    self.conn,
+                    "complete",
+                    {"worker_id": worker_id, "results": json.dumps(rest), "wait": True},
+                    bound=_left(bound, started),
+                )
+                done += sum(r["outcome"] == "completed" for r in rows)
+        return done
 
     def fail(
         self,

@@ -375,3 +375,19 @@ def test_libreoffice_dying_on_a_document_ends_it_corrupt_input_and_the_next_gets
         assert converter.starts == 2
     finally:
         converter.close()
+
+
+@pytest.mark.skipif(SOFFICE is None, reason=NO_SOFFICE)
+def test_an_office_document_whose_conversion_overruns_without_a_thumbnail_shows_its_words() -> None:
+    # python-docx and python-pptx write a plain white embedded thumbnail (which counts as none):
+    # this ended render_timeout once LibreOffice overran.
+    with RenderPool(OPTS, workers=1, memory_limit_mb=320) as fresh:
+        # A fresh pool: LibreOffice's start alone overruns the first share of the window.
+        letter = fresh.render(fc.docx_letter(), None, timeout_s=10, degrade_after_s=0.3)
+        deck = fresh.render(
+            fixture("sample_with_lnk_file.pps"), None, timeout_s=10, degrade_after_s=0.01
+        )
+    for thumb, landscape in ((letter, False), (deck, True)):
+        img = decode(thumb.data)
+        assert thumb.degraded and (img.width > img.height) == landscape
+        assert 0.002 < ink(img) < 0.3  # lines of text on a white page

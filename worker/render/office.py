@@ -158,6 +158,15 @@ def render_embedded_thumbnail(data: bytes, source_type: str, opts: RenderOptions
             picture_type = sniff(picture) or "image/jpeg"
             img, icc = open_image(picture, picture_type, opts)
             return finish(img, opts, source_type, icc_profile=icc, degraded=opts.degraded)
+    if opts.degraded:
+        # LibreOffice could not finish in its window: the document's first words on a page.
+        from worker.render.office_text import document_lines, text_page
+
+        lines = document_lines(data, source_type)
+        if lines:
+            return finish(
+                text_page(lines, source_type, opts.size), opts, source_type, degraded=True
+            )
     if opts.soffice:
         # RenderPool asks for the embedded thumbnail only when LibreOffice failed on this file;
         # it reports LibreOffice's error rather than this one.

@@ -72,12 +72,14 @@ begin
   return jsonb_build_object('enabled', p_enabled, 'jobs', v_jobs);
 end
 $$;
--- It changes what the database runs on a schedule: only the owner (the SQL editor's postgres).
+-- It changes what the database runs on a schedule: not for the API's user roles. service_role
+-- (the backend key) keeps EXECUTE, as on every function that reads no secret (008_grants.sql);
+-- pg_cron's own grants decide whether it may change cron.job.
 revoke all on function thumbq.set_schedule(boolean) from public;
 do $$
 begin
   if exists (select 1 from pg_roles where rolname = 'anon') then
-    revoke all on function thumbq.set_schedule(boolean) from anon, authenticated, service_role;
+    revoke all on function thumbq.set_schedule(boolean) from anon, authenticated;
   end if;
 end
 $$;

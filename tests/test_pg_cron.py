@@ -162,7 +162,7 @@ def test_set_schedule_false_unschedules_thumbqs_cron_jobs_and_true_brings_them_b
             assert [j for j in _cron_jobs(conn) if j[0] != "someone-elses"] == EXPECTED_JOBS
             may_call = conn.execute(
                 "select has_function_privilege(r, 'thumbq.set_schedule(boolean)', 'execute') as ok"
-                " from unnest(array['anon', 'authenticated', 'service_role']) r"
+                " from unnest(array['anon', 'authenticated']) r"
             ).fetchall()
         finally:
             conn.execute("select cron.unschedule('someone-elses')")

@@ -79,12 +79,14 @@ begin
   return jsonb_build_object('enabled', p_enabled, 'jobs', v_jobs);
 end
 $$;
--- It changes what the database runs on a schedule: only the owner (the SQL editor's postgres).
+-- It changes what the database runs on a schedule: not for the API's user roles. service_role
+-- (the backend key) keeps EXECUTE, as on every function that reads no secret (008_grants.sql);
+-- pg_cron's own grants decide whether it may change cron.job.
 revoke all on function thumbq.set_schedule(boolean) from public;
 do $$
 begin
   if exists (select 1 from pg_roles where rolname = 'anon') then
-    revoke all on function thumbq.set_schedule(boolean) from anon, authenticated, service_role;
+    revoke all on function thumbq.set_schedule(boolean) from anon, authenticated;
   end if;
 end
 $$;
@@ -100,7 +102,7 @@ end
 $$;
 
 insert into thumbq.schema_migrations (version, checksum)
-values ('014_schedule', '83a07121d79100ca877b3eef1e50d6c1268f02de8c39c321516c86f5bd16cb69')
+values ('014_schedule', '6781c01a09dec6caef9052a7e5ae773c9b8b2cec52d04152961d74b9004d63e0')
 on conflict (version) do update set checksum = excluded.checksum, applied_at = clock_timestamp();
 
 commit;

@@ -24,13 +24,13 @@ bp = Blueprint("metrics", __name__)
 # name -> (type, help, label names). Histograms are read as buckets, _count and _sum rows.
 GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "thumbq_jobs": ("Jobs waiting or running, by task and status.", ("task", "status")),
-    "thumbq_jobs_finished_recent": (
-        "Jobs that ended in the last hour, by task and status.",
+    "thumbq_jobs_finished_15m": (
+        "Jobs that ended in the last 15 minutes, by task and status.",
         ("task", "status"),
     ),
-    "thumbq_failures_recent": (
-        "Jobs whose error (by code) was recorded in the last hour: failures, retries and files "
-        "that cannot be made.",
+    "thumbq_failures_15m": (
+        "Jobs whose error (by code) was recorded in the last 15 minutes: failures, retries and "
+        "files that cannot be made.",
         ("code",),
     ),
     "thumbq_queue_messages": (
@@ -48,7 +48,7 @@ GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
 HISTOGRAMS: dict[str, tuple[str, tuple[str, ...]]] = {
     "thumbq_batch_duration_seconds": ("Duration of the batch runs of the last hour.", ()),
     "thumbq_render_duration_seconds": (
-        "Time to make a thumbnail, by the source's content type, over the last hour.",
+        "Time to make a thumbnail, by the source's content type, over the last 15 minutes.",
         ("content_type",),
     ),
 }

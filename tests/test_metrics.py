@@ -133,10 +133,10 @@ def test_metrics_equal_what_thumbq_queues_thumbq_status_and_pgmq_say(
     )
     assert cli.returncode == 0, cli.stderr
     group = json.loads(cli.stdout)
-    finished = m["thumbq_jobs_finished_recent"]
+    finished = m["thumbq_jobs_finished_15m"]
     assert total(finished, task="thumbnail", status="completed") == group["completed"] == 2
     assert total(finished, task="thumbnail", status="failed") == group["failed"] == 1
-    assert total(m["thumbq_failures_recent"], code="corrupt_input") == 1
+    assert total(m["thumbq_failures_15m"], code="corrupt_input") == 1
 
     # Each queue as pgmq.metrics says: waiting + in flight is its length, and its oldest's age.
     messages, ages = m["thumbq_queue_messages"], m["thumbq_queue_oldest_message_age_seconds"]
@@ -222,3 +222,24 @@ def test_a_scrape_does_not_read_finished_history(conn: db.Conn) -> None:
         sorted({(n["Node Type"], n.get("Index Name")) for n in jobs_reads}),
     )
     assert per_scrape_ms < 100, per_scrape_ms
+
+
+def test_a_histogram_bucket_counts_the_durations_up_to_and_including_its_bound(
+    conn: db.Conn,
+) -> None:
+    from api.metrics import exposition
+
+    conn.execute(
+        "insert into thumbq.jobs (source_key, source_etag, content_type, status, duration_ms,"
+        " completed_at) select 'h/' || d, 'e', 'image/png', 'completed', d, now()"
+        " from unnest(array[10, 11, 250, 20000]) d"
+    )
+    m = samples(exposition(db.run(conn, "metrics")).decode())
+    buckets = m["thumbq_render_duration_seconds_bucket"]
+    got = {dict(k)["le"]: v for k, v in buckets.items() if ("content_type", "image/png") in k}
+    assert got["0.01"] == 1 and got["0.025"] == 2 and got["0.1"] == 2 and got["0.25"] == 3
+    assert got["10.0"] == 3 and got["+Inf"] == 4
+    assert m["thumbq_render_duration_seconds_gsum"][(("content_type", "image/png"),)] == 20.271
+    # Batch runs: none in the hour, yet the histogram is there, all zero.
+    assert total(m["thumbq_batch_duration_seconds_bucket"]) == 0
+    assert len(m["thumbq_batch_duration_seconds_bucket"]) == 11

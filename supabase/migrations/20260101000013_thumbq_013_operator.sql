@@ -11,6 +11,11 @@ create table if not exists thumbq.schema_migrations ( version text primary key, 
 -- finished jobs, the last day of errors), never by the whole history, so the page costs the
 -- same with a million finished jobs as with none.
 
+-- The dead-lettered jobs, newest first: what the page lists and replays, without reading the
+-- finished jobs around them (a small index: only jobs that failed for good with a dead letter).
+create index if not exists jobs_dead_letters_idx on thumbq.jobs (completed_at desc, id desc)
+  where status = 'failed' and dlq_msg_id is not null;
+
 -- Each of thumbq's queues: its messages, the oldest one's age, and how many of its jobs run now
 -- (a running job keeps its message, invisible, until it ends).
 -- pgmq.metrics is called from plpgsql, resolved at call time, so that `alter extension pgmq
@@ -49,13 +54,14 @@ language sql
 stable
 as $$
   with lim as (select least(greatest(coalesce(p_limit, 50), 1), 500) as n),
+  q_all as (select * from thumbq.operator_queues()),
   queues as (
     select coalesce(jsonb_agg(jsonb_build_object(
              'queue', q.queue_name, 'priority', q.priority, 'depth', q.depth,
              'waiting', greatest(q.depth - q.in_flight, 0), 'in_flight', q.in_flight,
              'oldest_age_s', q.oldest_age_s)
              order by q.priority nulls last), '[]'::jsonb) as v
-      from thumbq.operator_queues() q
+      from q_all q
      where q.priority is null or q.priority = 0 or q.depth > 0 or q.in_flight > 0
   ),
   task_counts as (
@@ -137,7 +143,8 @@ as $$
              limit (select n from lim)) d
   ),
   dead_total as (
-    select count(*) as n from thumbq.jobs j where j.status = 'failed' and j.dlq_msg_id is not null
+    -- The dead-letter queue's length: one message per dead-lettered job.
+    select coalesce(sum(q.depth), 0)::bigint as n from q_all q where q.queue_name = 'thumbq_dlq'
   ),
   running as (
     select coalesce(jsonb_agg(jsonb_build_object(
@@ -246,7 +253,7 @@ end
 $$;
 
 insert into thumbq.schema_migrations (version, checksum)
-values ('013_operator', 'a3b4ce9e0ea7d61c1f191aec966da509b6a9d537e67e3d39ca29e73702f8a0f8')
+values ('013_operator', 'dbd178f52ed548457635f49bd0ed2ae363aefb2f7767ec9ebefbefc1f768e776')
 on conflict (version) do update set checksum = excluded.checksum, applied_at = clock_timestamp();
 
 commit;

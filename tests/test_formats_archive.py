@@ -29,6 +29,7 @@ from PIL import Image
 from bench.corpus import BLUE, RED
 from tests import formats_corpus as fc
 from tests.httpstub import HttpStub
+from tests.pgtools import requires
 from worker.errors import (
     CORRUPT_INPUT,
     ENCRYPTED_INPUT,
@@ -39,7 +40,7 @@ from worker.errors import (
 from worker.render import RenderOptions, render
 from worker.render.office import OfficeConverter, _soffice_groups, find_soffice
 from worker.render.process import RenderPool
-from worker.render.sniff import CUR, DOC, ICO, OLE2, PPT, RTF, XLS, sniff
+from worker.render.sniff import CUR, DOC, ICO, ODG, OLE2, PPT, RTF, XLS, sniff
 
 FIXTURES = Path(__file__).parent / "fixtures" / "formats"
 SOFFICE = find_soffice()
@@ -81,7 +82,7 @@ def ink(img: Image.Image) -> float:
 # -- legacy office ---------------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(SOFFICE is None, reason=NO_SOFFICE)
+@requires(SOFFICE is not None, NO_SOFFICE)
 @pytest.mark.parametrize(
     ("name", "source_type", "landscape"),
     [
@@ -102,7 +103,7 @@ def test_legacy_binary_office_documents_are_drawn_by_libreoffice(
     assert 0.0005 < ink(img) < 0.5  # words on a page, neither blank nor black
 
 
-@pytest.mark.skipif(SOFFICE is None, reason=NO_SOFFICE)
+@requires(SOFFICE is not None, NO_SOFFICE)
 def test_an_rtf_letter_is_drawn_by_libreoffice(pool: RenderPool) -> None:
     thumb = pool.render(b"\xef\xbb\xbf" + fc.rtf_letter(), "text/plain", timeout_s=60)
     img = decode(thumb.data)
@@ -139,7 +140,7 @@ def test_without_libreoffice_a_legacy_document_shows_its_summary_thumbnail() -> 
     assert "LibreOffice (soffice) is not installed" in info.value.message
 
 
-@pytest.mark.skipif(SOFFICE is None, reason=NO_SOFFICE)
+@requires(SOFFICE is not None, NO_SOFFICE)
 def test_a_legacy_document_whose_conversion_overruns_shows_its_summary_thumbnail_degraded() -> None:
     # A fresh pool: LibreOffice's start alone overruns the first share of the window.
     with RenderPool(OPTS, workers=1, memory_limit_mb=320) as fresh:
@@ -334,20 +335,27 @@ def test_whatever_a_decoder_raises_on_a_file_ends_with_a_permanent_code() -> Non
         fc.svg_embedding(EMBEDDED["svgz"]()),
         fc.grey_heic(148, transfer=fc.PQ_TRANSFER),
         fc.avif_photo(),
+        fc.mp4_video(),
+        fc.odp_with_embedded_thumbnail(),
+        fc.docx_letter(),
+        fixture("sample_with_lnk_file.pps"),
     ]
-    for i in range(300):
+    for i in range(400):
         damaged = bytearray(seeds[i % len(seeds)])
         for _ in range(rng.randint(1, 8)):
             damaged[rng.randrange(len(damaged))] = rng.randrange(256)
         if rng.random() < 0.3:
             damaged = damaged[: rng.randrange(1, len(damaged))]
         try:
-            render(bytes(damaged), None, RenderOptions(max_pixels=20_000_000))
+            # Every other one as the degraded render (an office document's words, an SVG
+            # without filters).
+            opts = RenderOptions(max_pixels=20_000_000, degraded=i % 2 == 1)
+            render(bytes(damaged), None, opts)
         except ThumbqError as exc:
             assert exc.permanent, (i, exc)
 
 
-@pytest.mark.skipif(SOFFICE is None, reason=NO_SOFFICE)
+@requires(SOFFICE is not None, NO_SOFFICE)
 def test_a_long_rtf_is_drawn_from_its_head_in_seconds(pool: RenderPool) -> None:
     # 40,000 lines (2.4 MB): LibreOffice took 19.5 s to lay all of it out before page 1.
     data = fc.rtf_letter(40_000)
@@ -357,7 +365,7 @@ def test_a_long_rtf_is_drawn_from_its_head_in_seconds(pool: RenderPool) -> None:
     assert thumb.source_type == RTF and 0.0005 < ink(decode(thumb.data)) < 0.5
 
 
-@pytest.mark.skipif(SOFFICE is None, reason=NO_SOFFICE)
+@requires(SOFFICE is not None, NO_SOFFICE)
 def test_libreoffice_dying_on_a_document_ends_it_corrupt_input_and_the_next_gets_a_fresh_one() -> (
     None
 ):
@@ -377,7 +385,7 @@ def test_libreoffice_dying_on_a_document_ends_it_corrupt_input_and_the_next_gets
         converter.close()
 
 
-@pytest.mark.skipif(SOFFICE is None, reason=NO_SOFFICE)
+@requires(SOFFICE is not None, NO_SOFFICE)
 def test_an_office_document_whose_conversion_overruns_without_a_thumbnail_shows_its_words() -> None:
     # python-docx and python-pptx write a plain white embedded thumbnail (which counts as none):
     # this ended render_timeout once LibreOffice overran.
@@ -391,3 +399,26 @@ def test_an_office_document_whose_conversion_overruns_without_a_thumbnail_shows_
         img = decode(thumb.data)
         assert thumb.degraded and (img.width > img.height) == landscape
         assert 0.002 < ink(img) < 0.3  # lines of text on a white page
+
+
+def test_odf_drawings_and_templates_are_office_documents() -> None:
+    drawing = (
+        '<office:drawing><draw:page draw:name="one"><draw:frame svg:x="2cm" svg:y="2cm" '
+        'svg:width="10cm" svg:height="3cm"><draw:text-box><text:p>A drawing</text:p>'
+        "</draw:text-box></draw:frame></draw:page></office:drawing>"
+    )
+    assert sniff(fc._odf(ODG, drawing)) == ODG
+    assert sniff(fc._odf(ODG + "-template", drawing)) == ODG
+    assert sniff(fc._odf(fc.ODT + "-template", "<office:text/>")) == fc.ODT
+
+
+@pytest.mark.skipif(SOFFICE is None, reason=NO_SOFFICE)
+def test_an_odf_drawing_is_drawn_by_libreoffice(pool: RenderPool) -> None:
+    drawing = (
+        '<office:drawing><draw:page draw:name="one"><draw:frame svg:x="2cm" svg:y="2cm" '
+        'svg:width="14cm" svg:height="3cm"><draw:text-box><text:p>A drawing of many words on '
+        "one line</text:p></draw:text-box></draw:frame></draw:page></office:drawing>"
+    )
+    thumb = pool.render(fc._odf(ODG, drawing), None, timeout_s=60)
+    assert thumb.source_type == ODG and not thumb.degraded
+    assert 0.0002 < ink(decode(thumb.data)) < 0.5

@@ -33,6 +33,7 @@ import tempfile
 import threading
 import time
 import zipfile
+import zlib
 from pathlib import Path
 
 from worker.errors import (
@@ -71,6 +72,7 @@ _PDF_FILTERS = {
     "odt": "writer_pdf_Export",
     "xlsx": "calc_pdf_Export",
     "ods": "calc_pdf_Export",
+    "odg": "draw_pdf_Export",
     "doc": "writer_pdf_Export",
     "rtf": "writer_pdf_Export",
     "xls": "calc_pdf_Export",
@@ -188,7 +190,8 @@ def _embedded_picture(data: bytes, source_type: str) -> bytes | None:
         return ole2.summary_thumbnail(compound) if compound is not None else None
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
-    except (zipfile.BadZipFile, OSError, ValueError):
+    except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError):
+        # NotImplementedError: a "zip file version" zipfile does not know (damaged header).
         raise ThumbqError(CORRUPT_INPUT, "document is not a readable ZIP archive") from None
     with archive:
         names = set(archive.namelist())
@@ -201,7 +204,15 @@ def _embedded_picture(data: bytes, source_type: str) -> bytes | None:
             try:
                 with archive.open(info) as part:
                     return part.read(MAX_EMBEDDED_BYTES)
-            except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+            except (
+                zipfile.BadZipFile,
+                OSError,
+                ValueError,
+                EOFError,
+                zlib.error,
+                NotImplementedError,  # a method or encryption zipfile does not know
+                RuntimeError,  # "File ... is encrypted, password required"
+            ):
                 return None
     return None
 

@@ -16,12 +16,15 @@ import io
 import re
 import struct
 import zipfile
+import zlib
 
 from PIL import Image, ImageDraw, ImageFont
 
+from worker.render.ole2 import Malformed
 from worker.render.sniff import (
     DOC,
     DOCX,
+    ODG,
     ODP,
     ODS,
     ODT,
@@ -35,7 +38,7 @@ MAX_MARKUP_BYTES = 512 * 1024
 MAX_CHARS = 4000
 LETTER = 8.5 / 11
 SLIDE = 4 / 3
-_SLIDES = frozenset({PPTX, ODP, PPT})
+_SLIDES = frozenset({PPTX, ODP, PPT, ODG})
 _PARTS = {
     DOCX: ("word/document.xml",),
     PPTX: ("ppt/slides/slide1.xml",),
@@ -43,6 +46,7 @@ _PARTS = {
     ODT: ("content.xml",),
     ODP: ("content.xml",),
     ODS: ("content.xml",),
+    ODG: ("content.xml",),
 }
 # Where a paragraph (or cell) ends in each markup, and what holds text.
 _PARAGRAPH_END = re.compile(
@@ -76,8 +80,19 @@ def document_lines(data: bytes, source_type: str) -> list[str]:
             text = _powerpoint_text(data)
         else:
             return []
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError, struct.error, KeyError):
-        return []
+    except (
+        zipfile.BadZipFile,
+        OSError,
+        ValueError,
+        EOFError,
+        struct.error,
+        KeyError,
+        NotImplementedError,
+        RuntimeError,  # zipfile: an encrypted part
+        zlib.error,
+        Malformed,
+    ):
+        return []  # damaged: no words to show
     text = _CONTROL_CHARS.sub("", text[:MAX_CHARS])
     lines = [" ".join(line.split()) for line in text.splitlines()]
     return [line for line in lines if line]

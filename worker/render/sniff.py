@@ -36,6 +36,7 @@ XLSX = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
 ODP = "application/vnd.oasis.opendocument.presentation"
 ODT = "application/vnd.oasis.opendocument.text"
 ODS = "application/vnd.oasis.opendocument.spreadsheet"
+ODG = "application/vnd.oasis.opendocument.graphics"
 DOC = "application/msword"
 XLS = "application/vnd.ms-excel"
 PPT = "application/vnd.ms-powerpoint"
@@ -77,6 +78,7 @@ OFFICE_TYPES: dict[str, str] = {
     ODP: "odp",
     ODT: "odt",
     ODS: "ods",
+    ODG: "odg",
     DOC: "doc",
     XLS: "xls",
     PPT: "ppt",
@@ -99,10 +101,13 @@ _QUICKTIME_FIRST_BOXES = frozenset({b"moov", b"mdat", b"wide", b"free", b"skip",
 # hostile archive with millions of entries costs a bounded walk.
 ZIP_MAX_ENTRIES = 5000
 _COMIC_IMAGE_EXT = (".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff")
+# Matched as prefixes, so templates ("...text-template": .ott, .otp, .ots, .otg) are drawn like
+# the documents they make.
 _ODF_MIMETYPES = {
     b"application/vnd.oasis.opendocument.presentation": ODP,
     b"application/vnd.oasis.opendocument.text": ODT,
     b"application/vnd.oasis.opendocument.spreadsheet": ODS,
+    b"application/vnd.oasis.opendocument.graphics": ODG,
     b"application/epub+zip": EPUB,
 }
 

@@ -35,10 +35,15 @@ def render_video(data: bytes, source_type: str, opts: RenderOptions) -> Thumbnai
 
     try:
         container = av.open(io.BytesIO(data), mode="r", options={"probesize": "5000000"})
-    except av.error.FFmpegError as exc:
+    except (av.error.FFmpegError, UnicodeDecodeError) as exc:
+        # FFmpeg's errors, and metadata that is not the UTF-8 it must be.
         raise ThumbqError(CORRUPT_INPUT, f"video cannot be opened: {_reason(exc)}") from None
     try:
         frame = _pick_frame(container, data, source_type, opts)
+    except (av.error.FFmpegError, UnicodeDecodeError) as exc:
+        # What FFmpeg says beyond the steps that classify their own errors (a seek the damaged
+        # index refuses: EPERM) is still this file's damage.
+        raise ThumbqError(CORRUPT_INPUT, f"video is damaged: {_reason(exc)}") from None
     finally:
         container.close()
     return finish(frame, opts, source_type, degraded=opts.degraded)
@@ -54,6 +59,8 @@ def _pick_frame(
         raise ThumbqError(UNSUPPORTED_TYPE, f"{source_type} has no video stream (audio only?)")
     stream = container.streams.video[0]
     ctx = stream.codec_context
+    if ctx is None:
+        raise ThumbqError(CORRUPT_INPUT, f"{source_type}'s video stream names no known codec")
     width, height = ctx.width, ctx.height
     if width <= 0 or height <= 0:
         # FFmpeg zeroes a declared size it refuses (over about 268 million pixels) or lacks;

@@ -412,7 +412,7 @@ def test_odf_drawings_and_templates_are_office_documents() -> None:
     assert sniff(fc._odf(fc.ODT + "-template", "<office:text/>")) == fc.ODT
 
 
-@pytest.mark.skipif(SOFFICE is None, reason=NO_SOFFICE)
+@requires(SOFFICE is not None, NO_SOFFICE)
 def test_an_odf_drawing_is_drawn_by_libreoffice(pool: RenderPool) -> None:
     drawing = (
         '<office:drawing><draw:page draw:name="one"><draw:frame svg:x="2cm" svg:y="2cm" '

@@ -82,6 +82,26 @@ def _failed_now(got: Any, row: dict[str, Any], conn: db.Conn) -> None:
     assert row["status"] == "failed" and row["error_code"] == "corrupt_input"
 
 
+def _head(q: Queue) -> tuple[int, ClaimedJob | None]:
+    (row,) = q.enqueue_jobs([{"task": "echo", "ordering_key": "k", "sequence": 5}], GROUP)
+    return int(row["job_id"]), None
+
+
+def _demoted(got: Any, row: dict[str, Any], conn: db.Conn) -> None:
+    assert [r["created"] for r in got] == [True], got
+    # Sequence 3 is the key's head now, with the only message; 5 waits behind it.
+    assert row["status"] == "pending" and row["msg_id"] is None, row
+    new = conn.execute("select status, msg_id from thumbq.jobs where id = %s", [got[0]["job_id"]])
+    first = new.fetchone()
+    assert first is not None and first["status"] == "pending" and first["msg_id"] is not None
+
+
+def _superseded_mixed(got: Any, row: dict[str, Any], conn: db.Conn) -> None:
+    files, jobs = got
+    _superseded(files, row, conn)
+    assert [j["created"] for j in jobs] == [True], jobs
+
+
 SCENES = {
     "complete": Scene(
         _running,
@@ -101,6 +121,22 @@ SCENES = {
         _pending,
         lambda q, i, j: q.enqueue(items(1, prefix="dl", etag="e2"), GROUP),
         _superseded,
+    ),
+    # A lower sequence enqueued before the head started: the head gives up its message.
+    "enqueue_jobs": Scene(
+        _head,
+        lambda q, i, j: q.enqueue_jobs(
+            [{"task": "echo", "ordering_key": "k", "sequence": 3}], GROUP
+        ),
+        _demoted,
+    ),
+    # A new version of the file and a task job in one request (POST /api/jobs, mixed).
+    "enqueue_mixed": Scene(
+        _pending,
+        lambda q, i, j: q.enqueue_mixed(
+            items(1, prefix="dl", etag="e2"), [{"task": "echo", "group_id": GROUP}], GROUP
+        ),
+        _superseded_mixed,
     ),
 }
 

@@ -212,8 +212,11 @@ def test_up_on_an_empty_database_asks_nothing(tmp_path: Path, empty_db_url: str)
         DATABASE_URL=empty_db_url,
         THUMBQ_STORAGE_URL=(tmp_path / "storage").as_uri(),
     )
-    with thumbq_running("up", "--port", "0", env=env, ready="Press Ctrl-C"):
-        pass
+    with thumbq_running("up", "--port", "0", env=env, ready="Press Ctrl-C") as up:
+        # up also says where the operator page is.
+        line = next(line for line in up.out if "operator page:" in line)
+        status, _, _ = call("GET", line.split()[2])
+        assert status == 200, line
     assert schemas(empty_db_url) == {"thumbq", "pgmq"}
 
 

@@ -954,6 +954,7 @@ def cmd_up(rt: Runtime, args: argparse.Namespace) -> int:
         " the admin secret is not in the link)",
         file=out,
     )
+    print(f"  operator page: {server.url}/operator (asks for the admin secret)", file=out)
     if secret_from is None:
         print("  admin secret:  from THUMBQ_CRON_SECRET", file=out)
     else:

@@ -203,10 +203,8 @@ begin
       perform pgmq.delete('thumbq_dlq', v_dlq);
       with m as (
         select j.id,
-               case when j.ordering_key is null or not exists (
-                      select 1 from thumbq.jobs o
-                       where o.ordering_key = j.ordering_key and o.sequence < j.sequence
-                         and o.status in ('pending', 'processing', 'failed', 'unsupported'))
+               case when j.ordering_key is null
+                      or not exists (select 1 from thumbq.held_by(j.ordering_key, j.sequence))
                     then (select pgmq.send(thumbq.band_queue(j.priority),
                                            jsonb_build_object('job_id', j.id))) end as msg_id
           from thumbq.jobs j where j.id = any(v_ids)

@@ -269,3 +269,28 @@ def test_replay_refuses_bad_bodies_and_skips_jobs_that_are_no_dead_letters(
     assert [r["job_id"] for r in overview["running"]] == running
     assert {q["queue"]: q["depth"] for q in overview["queues"]}["thumbq_jobs"] == 4
     assert len(rows) == 3
+
+
+def test_replaying_an_ordering_keys_dead_head_gives_it_one_message_and_keeps_the_rest_behind(
+    db_url: str,
+) -> None:
+    with db.connect(db_url) as conn:
+        q = Queue(conn, max_attempts=1)
+        rows = q.enqueue_jobs([{"task": "seg", "ordering_key": "video-1"} for _ in range(2)], "g")
+        head, follower = (r["job_id"] for r in rows)
+        [job] = q.claim("w", 2, 600).jobs  # only the head runs
+        assert job.id == head
+        q.fail("w", job, "storage_timeout", "slow", False)
+        assert _job(db_url, head)["dead_letters"] == 1
+        row = db.one(conn, "replay_dead_letters", {"job_ids": [head, follower]})
+    assert row is not None and row["replayed"] == [head]
+    assert {k: _job(db_url, head)[k] for k in ("status", "attempts", "messages")} == {
+        "status": "pending",
+        "attempts": 0,
+        "messages": 1,
+    }
+    assert {k: _job(db_url, follower)[k] for k in ("status", "msg_id", "messages")} == {
+        "status": "pending",
+        "msg_id": None,
+        "messages": 0,
+    }

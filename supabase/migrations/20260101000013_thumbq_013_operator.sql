@@ -211,10 +211,8 @@ begin
       perform pgmq.delete('thumbq_dlq', v_dlq);
       with m as (
         select j.id,
-               case when j.ordering_key is null or not exists (
-                      select 1 from thumbq.jobs o
-                       where o.ordering_key = j.ordering_key and o.sequence < j.sequence
-                         and o.status in ('pending', 'processing', 'failed', 'unsupported'))
+               case when j.ordering_key is null
+                      or not exists (select 1 from thumbq.held_by(j.ordering_key, j.sequence))
                     then (select pgmq.send(thumbq.band_queue(j.priority),
                                            jsonb_build_object('job_id', j.id))) end as msg_id
           from thumbq.jobs j where j.id = any(v_ids)
@@ -253,7 +251,7 @@ end
 $$;
 
 insert into thumbq.schema_migrations (version, checksum)
-values ('013_operator', 'dbd178f52ed548457635f49bd0ed2ae363aefb2f7767ec9ebefbefc1f768e776')
+values ('013_operator', 'a9321c42ce5b0a493fea11eaccad44584a8903712175791673c3f5dd04b2c0b0')
 on conflict (version) do update set checksum = excluded.checksum, applied_at = clock_timestamp();
 
 commit;

@@ -852,3 +852,25 @@ def grey_heic(
     finally:
         pillow_heif.options.SAVE_HDR_TO_12_BIT = previous
     return buf.getvalue()
+
+
+def odt_encrypted() -> bytes:
+    """An ODT saved with a password: its manifest says how content.xml is encrypted (the part
+    itself is noise)."""
+    manifest = (
+        '<?xml version="1.0" encoding="UTF-8"?><manifest:manifest xmlns:manifest="urn:oasis:names:'
+        'tc:opendocument:xmlns:manifest:1.0" manifest:version="1.2"><manifest:file-entry '
+        f'manifest:full-path="/" manifest:media-type="{ODT}"/><manifest:file-entry manifest:'
+        'full-path="content.xml" manifest:media-type="text/xml" manifest:size="900">'
+        '<manifest:encryption-data manifest:checksum-type="SHA1/1K" manifest:checksum="AAAA">'
+        '<manifest:algorithm manifest:algorithm-name="Blowfish CFB" '
+        'manifest:initialisation-vector="AAAAAAAAAAA="/><manifest:key-derivation '
+        'manifest:key-derivation-name="PBKDF2" manifest:iteration-count="1024" '
+        'manifest:salt="AAAAAAAAAAAAAAAAAAAAAA=="/></manifest:encryption-data>'
+        "</manifest:file-entry></manifest:manifest>"
+    )
+    noise = random.Random(7).randbytes(900)
+    return _zip(
+        {"mimetype": ODT, "content.xml": noise, "META-INF/manifest.xml": manifest},
+        stored_first="mimetype",
+    )

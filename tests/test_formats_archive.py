@@ -112,7 +112,8 @@ def test_an_rtf_letter_is_drawn_by_libreoffice(pool: RenderPool) -> None:
 
 
 @pytest.mark.parametrize(
-    "make", [fc.encrypted_doc, fc.encrypted_xls, fc.encrypted_ppt, fc.encrypted_ooxml]
+    "make",
+    [fc.encrypted_doc, fc.encrypted_xls, fc.encrypted_ppt, fc.encrypted_ooxml, fc.odt_encrypted],
 )
 @pytest.mark.parametrize("soffice", [None, SOFFICE], ids=["embedded", "libreoffice"])
 def test_a_password_protected_office_document_ends_encrypted_input(

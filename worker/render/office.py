@@ -46,8 +46,18 @@ from worker.errors import (
     ThumbqError,
 )
 from worker.render import RenderOptions, Thumbnail
-from worker.render.sniff import OFFICE_TYPES, OLE2_OFFICE_TYPES, RTF, zip_entries
+from worker.render.sniff import (
+    ODG,
+    ODP,
+    ODS,
+    ODT,
+    OFFICE_TYPES,
+    OLE2_OFFICE_TYPES,
+    RTF,
+    zip_entries,
+)
 
+ODF_TYPES = frozenset({ODT, ODP, ODS, ODG})
 # Unpacked size of all parts together, and of one part with a suspicious compression ratio.
 MAX_UNPACKED_BYTES = 2 * 1024**3
 MAX_PART_BYTES = 64 * 1024**2
@@ -97,6 +107,25 @@ def check_document(data: bytes, source_type: str) -> None:
             )
     elif source_type != RTF:
         check_archive(data, source_type)
+        if source_type in ODF_TYPES and _odf_encrypted(data):
+            raise ThumbqError(
+                ENCRYPTED_INPUT,
+                f"this {OFFICE_TYPES[source_type].upper()} is protected by a password",
+            )
+
+
+def _odf_encrypted(data: bytes) -> bool:
+    """An ODF package saved with a password lists how each part is encrypted in its manifest."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            info = archive.getinfo("META-INF/manifest.xml")
+            if info.file_size > MAX_EMBEDDED_BYTES:
+                return False
+            with archive.open(info) as part:
+                return b"encryption-data" in part.read(MAX_EMBEDDED_BYTES)
+    except (KeyError, zipfile.BadZipFile, OSError, ValueError, EOFError, zlib.error,
+            NotImplementedError, RuntimeError):  # fmt: skip
+        return False  # unreadable here: LibreOffice says what it is
 
 
 def rtf_head(data: bytes, limit: int = MAX_RTF_BYTES) -> bytes:

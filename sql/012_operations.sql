@@ -262,8 +262,8 @@ begin
     update thumbq.events e set job_id = j.job_id
       from unnest(v_ids) with ordinality as i(id, ord)
       join thumbq.enqueue_jobs(v_items, thumbq.webhook_group(), p_max_attempts)
-           with ordinality as j(job_id, task, created, status, ordering_key, sequence, ord)
-        on j.ord = i.ord
+           with ordinality as j
+        on j.ordinality = i.ord
      where e.id = i.id;
     get diagnostics n = row_count;
   end if;

@@ -215,3 +215,21 @@ def test_a_receiver_that_drips_its_answer_costs_a_delivery_no_more_than_its_wind
         stop.set()
         listener.close()
     assert time.monotonic() - started < 1.5
+
+
+def test_an_event_enqueued_twice_is_one_job(conn: db.Conn) -> None:
+    """The job's idempotency key comes from the event id: an outbox row handed out again (its
+    job_id cleared by hand) names the same job."""
+    conn.execute(
+        "insert into thumbq.events (type, group_id, payload)"
+        " values ('group.completed', 'g', '{\"group_id\": \"g\"}')"
+    )
+    first = db.one(conn, "enqueue_events", {"limit": 10, "max_attempts": 10})
+    conn.execute("update thumbq.events set job_id = null")
+    second = db.one(conn, "enqueue_events", {"limit": 10, "max_attempts": 10})
+    assert first == second == {"enqueued": 1}
+    jobs = conn.execute(
+        "select count(*) as n, min(priority) as p, min(group_id) as g from thumbq.jobs"
+        " where task = 'webhook'"
+    ).fetchone()
+    assert jobs == {"n": 1, "p": 9, "g": "thumbq_webhooks"}

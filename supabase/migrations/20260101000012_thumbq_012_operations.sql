@@ -270,8 +270,8 @@ begin
     update thumbq.events e set job_id = j.job_id
       from unnest(v_ids) with ordinality as i(id, ord)
       join thumbq.enqueue_jobs(v_items, thumbq.webhook_group(), p_max_attempts)
-           with ordinality as j(job_id, task, created, status, ordering_key, sequence, ord)
-        on j.ord = i.ord
+           with ordinality as j
+        on j.ordinality = i.ord
      where e.id = i.id;
     get diagnostics n = row_count;
   end if;
@@ -290,7 +290,7 @@ revoke execute on function thumbq.metrics_rows(), thumbq.webhook_group(),
   from public, anon, authenticated;
 
 insert into thumbq.schema_migrations (version, checksum)
-values ('012_operations', '746df2ece84efb6ae27e2afb315fc4cda8cd139a8c08cd29d21abcf4948789cf')
+values ('012_operations', '4d2f2ada95aacf855fbc895704f4e282d4ba27ada1a0516d7f190f8b78852af9')
 on conflict (version) do update set checksum = excluded.checksum, applied_at = clock_timestamp();
 
 commit;

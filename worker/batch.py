@@ -24,13 +24,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from worker import db, tasks
+from worker import db, stopping, tasks
 from worker.budget import FINISH_MS, RELEASE_MS, Budget, Predictor
 from worker.claiming import Scheduler
 from worker.execution import Executor, thumbnail_key
 from worker.log import log_event
 from worker.queue import ClaimedJob, Queue
-from worker.recording import Recorder, bound
+from worker.recording import bound
 from worker.storage import BoundedStorage
 
 if TYPE_CHECKING:
@@ -109,13 +109,17 @@ def run_batch(
     clock: Callable[[], float] = time.monotonic,
     on_item: Callable[[ClaimedJob, str], None] | None = None,
     started: float | None = None,
+    stop: threading.Event | None = None,
 ) -> BatchResult:
     """Run one invocation within `budget_ms` (default: the configured budget) and report.
     `on_item(job, outcome)` is called from the worker thread after each item the run started:
     `succeeded`, `failed`, `unsupported`, `missing`, `retried`, `skipped`, `checkpointed`,
     `released` (started late and killed at the deadline: back in the queue) or `unrecorded`.
     `started` is `clock()`'s reading when the invocation began, if before this call (an HTTP
-    request's arrival: the platform's limit counts from there); the budget counts from it."""
+    request's arrival: the platform's limit counts from there); the budget counts from it.
+    `stop` (default: the process's, set by SIGINT or SIGTERM) ends the run early and cleanly:
+    nothing more is claimed, and its deadline becomes a short grace from then (worker.stopping)."""
+    stop = stop if stop is not None else stopping.requested()
     budget_ms = budget_ms or config.budget_ms
     buffer_ms = min(config.buffer_ms, budget_ms // 2)
     budget = Budget(budget_ms, buffer_ms, clock, started)
@@ -137,6 +141,7 @@ def run_batch(
     watchdog = threading.Timer(sever_ms / 1000, _sever, args=(conn, worker_id, sever_ms))
     watchdog.daemon = True
     watchdog.start()
+    stopper = stopping.BatchStop(stop, budget, pool).start()
     try:
         prepare_tasks(config, conn, bound(budget))
         # Group events become webhook jobs in this run (only with THUMBQ_WEBHOOK_URL set).
@@ -157,7 +162,7 @@ def run_batch(
         assert start is not None
         run_id = int(start["result"]["run_id"])
         predictor = Predictor.from_rows(start["result"]["stats"])
-        recorder = Recorder(queue, budget, worker_id, on_item)
+        recorder = stopping.StoppableRecorder(queue, budget, worker_id, on_item, stop=stop)
         scheduler = Scheduler(
             queue,
             budget,
@@ -167,6 +172,7 @@ def run_batch(
             concurrency=config.concurrency,
             max_items=max_items or config.batch_size,
             vt_seconds=math.ceil(budget_ms / 1000) + VT_MARGIN_S,
+            stop=stop,
         )
         executor = Executor(config, queue, bounded, pool, budget, predictor, recorder)
 
@@ -254,6 +260,7 @@ def run_batch(
         return result
     finally:
         watchdog.cancel()
+        stopper.close()
         bounded.close()
         if own_pool:
             pool.close()

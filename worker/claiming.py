@@ -22,6 +22,8 @@ from worker.tasks import THUMBNAIL
 # One claim takes at most this many: tiny items would otherwise be claimed all at once, holding
 # them away from concurrent invocations and making one long transaction.
 CLAIM_CHUNK_MAX = 250
+# A worker waiting for the jobs of ordering keys looks at the stop event this often.
+STOP_POLL_S = 0.1
 
 
 def job_kind(job: ClaimedJob) -> tuple[str, int]:
@@ -45,7 +47,9 @@ class Scheduler:
         concurrency: int,
         max_items: int,
         vt_seconds: int,
+        stop: threading.Event | None = None,
     ) -> None:
+        """`stop`, once set (a signal: worker.stopping), ends the claiming: no item starts."""
         self.queue = queue
         self.budget = budget
         self.predictor = predictor
@@ -54,6 +58,7 @@ class Scheduler:
         self.concurrency = concurrency
         self.max_items = max_items
         self.vt_seconds = vt_seconds
+        self.stop = stop
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
         self.waiting: deque[ClaimedJob] = deque()
@@ -116,7 +121,7 @@ class Scheduler:
         """The next job to start, or None when the calling worker should stop."""
         with self.lock:
             while True:
-                if self.budget.expired():
+                if self.budget.expired() or (self.stop is not None and self.stop.is_set()):
                     self.time_stopped = True
                     return None
                 # Early in the run an item starts even when predicted not to fit: otherwise one
@@ -140,8 +145,8 @@ class Scheduler:
                     self.exhausted = None
                 elif self.exhausted == "drained" and self.ordered_running:
                     # Wait for them rather than end this worker: each may let its key's next
-                    # job go.
-                    self.changed.wait(self.budget.remaining_ms() / 1000)
+                    # job go. In slices, so that a stop is seen at once.
+                    self.changed.wait(min(self.budget.remaining_ms() / 1000, STOP_POLL_S))
                     continue
                 elif self.exhausted:
                     return None

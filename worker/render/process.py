@@ -180,7 +180,7 @@ class RenderPool:
         started = time.monotonic()
         deadline = started + timeout_s
         if self._closed:
-            raise RuntimeError("RenderPool is closed")
+            raise _stopped()
         if timeout_s <= 0:
             # Nothing could finish; do not start (and then have to kill) a healthy child.
             raise ThumbqError(RENDER_TIMEOUT, "no time was left to render")
@@ -247,7 +247,7 @@ class RenderPool:
 
         deadline = time.monotonic() + timeout_s
         if self._closed:
-            raise RuntimeError("RenderPool is closed")
+            raise _stopped()
         if timeout_s <= 0:
             raise ThumbqError(RENDER_TIMEOUT, "no time was left to run the task")
         try:
@@ -306,6 +306,8 @@ class RenderPool:
         except (EOFError, OSError, ValueError) as exc:
             if child is not None:
                 self._kill(child)
+            if self._closed:
+                raise _stopped() from None
             raise ThumbqError(
                 INTERNAL, f"the task's process died or sent a malformed message: {exc}"
             ) from None
@@ -336,7 +338,7 @@ class RenderPool:
 
         with self._lock:
             if self._closed:
-                raise RuntimeError("RenderPool is closed")
+                raise _stopped()
             if self._office is None:
                 assert self.opts.soffice is not None
                 self._office = OfficeConverter(self.opts.soffice)
@@ -383,7 +385,7 @@ class RenderPool:
                 if child is not None and child in live:
                     idle.append(child)
         for child in live.difference(idle):
-            # Busy in another thread: that render fails with `internal` ("pool is closing").
+            # Busy in another thread: that render raises RenderStopped (not run, not failed).
             self._kill(child)
         for child in idle:
             # EOF on its socket tells an idle child to exit.
@@ -408,7 +410,7 @@ class RenderPool:
             for attempt in (1, 2):
                 with self._lock:
                     if self._closed:
-                        raise RuntimeError("RenderPool is closed")
+                        raise _stopped()
                     zygote = self._zygote
                 try:
                     if zygote is None or not zygote.alive():
@@ -439,7 +441,7 @@ class RenderPool:
         if closed:
             # close() ran meanwhile and could not see this child.
             self._kill(child)
-            raise RuntimeError("RenderPool is closed")
+            raise _stopped()
         return child
 
     def _send(
@@ -484,7 +486,7 @@ class RenderPool:
         except (EOFError, OSError):
             self._kill(child)
             if self._closed:
-                raise ThumbqError(INTERNAL, "render stopped: the render pool is closing") from None
+                raise _stopped() from None
             raise ThumbqError(
                 INTERNAL,
                 "render process died unexpectedly (a crash, or killed by the system, "
@@ -576,6 +578,19 @@ def _optional_str(value: object, max_length: int) -> str | None:
 
 class _Overran(ThumbqError):
     """A render was stopped at its deadline (as opposed to never starting)."""
+
+
+class RenderStopped(ThumbqError):
+    """A render (or a task's run) that the pool's close() stopped, or that came after it: the
+    process is stopping (worker.stopping), which says nothing of the file. Cut short like a
+    render at its deadline (`render_timeout`, never `internal`), so that a batch hands the job
+    back without an attempt."""
+
+
+def _stopped() -> RenderStopped:
+    return RenderStopped(
+        RENDER_TIMEOUT, "render stopped: thumbq is stopping (the render pool closed)"
+    )
 
 
 def _timeout(timeout_s: float) -> ThumbqError:

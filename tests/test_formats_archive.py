@@ -423,3 +423,20 @@ def test_an_odf_drawing_is_drawn_by_libreoffice(pool: RenderPool) -> None:
     thumb = pool.render(fc._odf(ODG, drawing), None, timeout_s=60)
     assert thumb.source_type == ODG and not thumb.degraded
     assert 0.0002 < ink(decode(thumb.data)) < 0.5
+
+
+@pytest.mark.parametrize("size", ['width="300pt" height="150pt"', 'height="40mm"', 'width="2in"'])
+def test_an_svg_sized_in_points_millimetres_or_inches_is_drawn(size: str) -> None:
+    # Graphviz writes `height="200pt"`; resvg-py's default of 0 dpi made such sizes zero, and the
+    # drawing ended corrupt_input ("SVG has an invalid size").
+    svg = (
+        f'<svg xmlns="http://www.w3.org/2000/svg" {size} viewBox="0 0 200 100">'
+        '<rect width="100" height="100" fill="rgb(220,30,30)"/>'
+        '<rect x="100" width="100" height="100" fill="rgb(30,60,220)"/></svg>'
+    ).encode()
+    thumb = render(svg, None, RenderOptions(sizes=SIZES))
+    img = decode(thumb.data)
+    assert (thumb.width, thumb.height) == (512, 256)
+    assert has_colour(img.crop((0, 0, 256, 256)), RED) and has_colour(
+        img.crop((256, 0, 512, 256)), BLUE
+    )

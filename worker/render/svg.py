@@ -34,6 +34,10 @@ from worker.render.sniff import SVG
 # An SVG is text: anything larger is generated data (a plot with millions of points) or hostile.
 MAX_SVG_BYTES = 20 * 1024 * 1024
 MAX_ELEMENTS = 200_000
+# CSS's pixels an inch, which sizes in pt, mm, cm and in are converted with; resvg-py's default
+# of 0 made every such size zero ("SVG has an invalid size": 35 of 897 SVGs of this machine's
+# packages, graphviz output among them).
+CSS_DPI = 96.0
 _DATA_URI = re.compile(r"data:([^,]*),", re.IGNORECASE)
 # Embedded SVGs inside embedded SVGs: deeper ones are dropped.
 MAX_NESTING = 2
@@ -68,9 +72,12 @@ def render_svg(data: bytes, opts: RenderOptions) -> Thumbnail:
                 shape_rendering="optimize_speed",  # no anti-aliasing
                 text_rendering="optimize_speed",
                 image_rendering="optimize_speed",
+                dpi=CSS_DPI,
             )
         else:
-            png = resvg_py.svg_to_bytes(svg_string=markup, width=opts.size, height=opts.size)
+            png = resvg_py.svg_to_bytes(
+                svg_string=markup, width=opts.size, height=opts.size, dpi=CSS_DPI
+            )
     except ValueError as exc:
         raise ThumbqError(CORRUPT_INPUT, f"SVG cannot be rendered: {str(exc)[:200]}") from None
     img = Image.open(io.BytesIO(png), formats=["PNG"])

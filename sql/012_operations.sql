@@ -37,13 +37,25 @@ declare
   v_batch_ms integer[] := array[250, 500, 1000, 2500, 5000, 7500, 10000, 15000, 30000, 60000];
   v_render_ms integer[] := array[10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000];
 begin
-  -- Jobs that wait or run, by task and status (a backlog, bounded by jobs_live_task_idx).
+  -- Jobs that wait or run, by task and status (a backlog, bounded by jobs_live_task_idx); 0
+  -- for the tasks the engine knows (thumbnail and thumbq.tasks) with none, so that a series
+  -- drops to zero instead of vanishing.
   return query
-    select 'thumbq_jobs', jsonb_build_object('task', j.task, 'status', j.status),
-           count(*)::double precision
-      from thumbq.jobs j
-     where j.status in ('pending', 'processing')
-     group by j.task, j.status;
+    with c as (
+      select j.task, j.status, count(*) as n
+        from thumbq.jobs j
+       where j.status in ('pending', 'processing')
+       group by j.task, j.status
+    ), known as (
+      select t.task, s.status
+        from (select 'thumbnail' as task union select t.name from thumbq.tasks t) t
+       cross join (values ('pending'), ('processing')) s(status)
+      union
+      select c.task, c.status from c
+    )
+    select 'thumbq_jobs', jsonb_build_object('task', k.task, 'status', k.status),
+           coalesce(c.n, 0)::double precision
+      from known k left join c on c.task = k.task and c.status = k.status;
 
   -- Jobs that ended in the last 15 minutes, by task and status (jobs_finished_idx).
   return query

@@ -243,3 +243,11 @@ def test_a_histogram_bucket_counts_the_durations_up_to_and_including_its_bound(
     # Batch runs: none in the hour, yet the histogram is there, all zero.
     assert total(m["thumbq_batch_duration_seconds_bucket"]) == 0
     assert len(m["thumbq_batch_duration_seconds_bucket"]) == 11
+
+
+def test_a_task_with_nothing_waiting_reports_zero_rather_than_no_series(conn: db.Conn) -> None:
+    from api.metrics import exposition
+
+    m = samples(exposition(db.run(conn, "metrics")).decode())
+    assert m["thumbq_jobs"][(("status", "pending"), ("task", "thumbnail"))] == 0
+    assert m["thumbq_jobs"][(("status", "processing"), ("task", "thumbnail"))] == 0

@@ -24,6 +24,7 @@ from worker.overrun import Ending, HandlerThread, Keeper, keeper_for
 from worker.queue import ClaimedJob, Queue
 from worker.recording import FAIR_SHARE, Recorder, bound
 from worker.retry import Failure
+from worker.sandbox import TaskNotStarted
 
 if TYPE_CHECKING:
     from worker.config import Config
@@ -262,6 +263,10 @@ class Executor:
                     return "overran"
             else:
                 ending = self._in_process(job, backend)
+        except TaskNotStarted:
+            # Its process took the window to start (or none became free): the handler never
+            # ran, which says nothing of the job.
+            return self.recorder.not_started(job)
         except ThumbqError as exc:
             if exc.code == RENDER_TIMEOUT and backend.checkpointed:
                 # Killed at the deadline after a checkpoint of this run: it made progress and

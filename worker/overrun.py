@@ -175,7 +175,11 @@ class Keeper:
             self._wake.clear()
             with self._lock:
                 if not self._kept:
+                    # Decided under the lock that adopt() takes: a job adopted from now on
+                    # starts a thread (and a connection) of its own.
                     self._thread = None
+                    with self._conn_lock:
+                        last, self._queue = self._queue, None
                     break
                 kept = list(self._kept.values())
             wait_s = RENEW_EVERY_S
@@ -194,7 +198,9 @@ class Keeper:
                 self._drop_connection()
                 wait_s = RETRY_S
             self._wake.wait(wait_s)
-        self._drop_connection()
+        if last is not None:
+            with contextlib.suppress(Exception):  # already broken: nothing to close
+                last.conn.close()
 
     def _renew(self, queue: Queue, running: list[_Kept]) -> None:
         by_worker: dict[str, list[int]] = {}

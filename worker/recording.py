@@ -126,6 +126,13 @@ class Recorder:
             return "released"
         return self.failure(job, classify(exc))
 
+    def not_started(self, job: ClaimedJob) -> str:
+        """An item that never ran (no time was left to start it): handed back at the run's end
+        with the unstarted ones, no attempt used."""
+        with self.lock:
+            self.late.append(job.id)
+        return "released"
+
     def failure(self, job: ClaimedJob, failure: Failure) -> str:
         """Record a classified failure: the job ends, or retries with backoff."""
         try:

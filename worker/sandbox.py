@@ -17,9 +17,15 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from worker.errors import INTERNAL, TOO_LARGE
+from worker.errors import INTERNAL, TOO_LARGE, ThumbqError
 from worker.render import MemoryLimitExceeded
 from worker.render.process import _MAX_HEADER, _memory_message, _recv_frame, _send_frame
+
+
+class TaskNotStarted(ThumbqError):
+    """A task's handler never ran: no process became free, or none was left time by its start
+    (a cold process in a short window). It says nothing of the job, which costs no attempt."""
+
 
 # What a task's error code may look like (it is stored and shown as is).
 _CODE_RE = re.compile(r"[a-z][a-z0-9_]{0,63}")

@@ -243,17 +243,17 @@ class RenderPool:
         passes (ThumbqError RENDER_TIMEOUT). `on_save(state, done, total)` records the
         handler's checkpoints and progress as they come, and says whether it was written (the
         child's ctx.checkpoint raises if not); `is_cancelled()` answers its checks."""
-        from worker.sandbox import TaskReply
+        from worker.sandbox import TaskNotStarted, TaskReply
 
         deadline = time.monotonic() + timeout_s
         if self._closed:
             raise _stopped()
         if timeout_s <= 0:
-            raise ThumbqError(RENDER_TIMEOUT, "no time was left to run the task")
+            raise TaskNotStarted(RENDER_TIMEOUT, "no time was left to run the task")
         try:
             child = self._slots.get(timeout=timeout_s)
         except queue.Empty:
-            raise ThumbqError(
+            raise TaskNotStarted(
                 RENDER_TIMEOUT,
                 f"no process became free within {timeout_s:.1f} s (all {self.workers} busy)",
             ) from None
@@ -269,7 +269,11 @@ class RenderPool:
 
         try:
             if child is None or child.dead:
-                child = self._start_child()
+                child = self._start_child_by(deadline - grace_s)
+            if child is None or deadline - time.monotonic() <= grace_s:
+                raise TaskNotStarted(
+                    RENDER_TIMEOUT, "its process took the whole window to start: it never ran"
+                )
             try:
                 child.sock.settimeout(max(deadline - time.monotonic(), 0.001))
                 _send_frame(child.sock, request())
@@ -295,6 +299,8 @@ class RenderPool:
             child.renders += 1
             if header.get("exit"):
                 self._kill(child)
+        except TaskNotStarted:
+            raise  # its process is idle and healthy: back to its slot
         except TimeoutError:
             if child is not None:
                 self._kill(child)
@@ -318,6 +324,40 @@ class RenderPool:
         finally:
             self._slots.put(child if child is not None and not child.dead else None)
         return TaskReply.from_header(header)
+
+    def _start_child_by(self, deadline: float) -> _Child | None:
+        """A new child if it is ready by `deadline`, else None (it is stopped once ready). A
+        cold start (the zygote's interpreter and imports) took over 1.7 s on a loaded 2-core
+        machine: a task's worker must not wait past its deadline for it, or its job is
+        neither run nor handed back in time (its lease then runs out, an attempt lost)."""
+        lock = threading.Lock()
+        ready: queue.SimpleQueue[_Child | BaseException] = queue.SimpleQueue()
+        late = False
+
+        def start() -> None:
+            try:
+                child: _Child | BaseException = self._start_child()
+            except BaseException as exc:  # the waiting thread raises it
+                child = exc
+            with lock:
+                if not late:
+                    ready.put(child)
+                    return
+            if isinstance(child, _Child):
+                self._kill(child)  # the zygote stays: the next child forks in milliseconds
+
+        threading.Thread(target=start, name="thumbq-child-start", daemon=True).start()
+        try:
+            got = ready.get(timeout=max(deadline - time.monotonic(), 0.0))
+        except queue.Empty:
+            with lock:
+                late = True
+                if ready.empty():
+                    return None
+                got = ready.get()
+        if isinstance(got, BaseException):
+            raise got
+        return got
 
     def _office_type(self, data: bytes) -> str | None:
         """The office type of `data` when LibreOffice is configured to convert it, else None

@@ -63,11 +63,20 @@ TASK = "export_csv"
 CHUNK_ROWS = 50_000
 PART_BYTES = 8 * 1024 * 1024
 MIN_PART_BYTES = 5 * 1024 * 1024
-# A chunk starts only if this much is left besides twice the slowest chunk so far (a chunk and
-# the part it may complete, its checkpoint, and room for a busy machine); before any chunk was
-# timed, one counts as FIRST_CHUNK_MS.
+# Time checks: a chunk is read only if STOP_MS (a checkpoint, and room for a busy machine) is
+# left besides the predicted read, and a part is uploaded only if STOP_MS is left besides its
+# predicted upload (its size times the upload rate); otherwise the job is checkpointed and what
+# was read but not uploaded is read again next time. The predictions come from this export's
+# own reads and uploads, kept in its checkpoint so that every invocation starts from what the
+# export has seen (a rate that went down is followed halfway at each observation, one that went
+# up at once); before anything was seen, a read counts as FIRST_CHUNK_MS and an upload as its
+# sink's first guess per MiB (`first_ms_per_mib`).
 STOP_MS = 150.0
 FIRST_CHUNK_MS = 150.0
+MIB = 1024 * 1024
+# An invocation that uploaded nothing because the predicted upload did not fit lowers the rate
+# by this factor: a slow moment seen once must not hold the export back for ever.
+RATE_DECAY = 0.8
 # Where the jobs' files go: exports/<job id>/<name>.
 PREFIX = "exports"
 PARTIAL_DIR = ".partial"
@@ -232,6 +241,7 @@ class FileSink:
     `exports/.partial/`, so that finding leftovers never walks the finished exports."""
 
     min_part = 1
+    first_ms_per_mib = 50.0  # a write and an fsync on a loaded disk
 
     def __init__(self, root: Path, key: str) -> None:
         self.final = root.joinpath(*key.split("/"))
@@ -296,6 +306,7 @@ class S3Sink:
     same number replaces the first, so a part a crash interrupted costs nothing but its bytes."""
 
     min_part = MIN_PART_BYTES
+    first_ms_per_mib = 250.0  # an upload to a nearby S3 (or moto's server) on a loaded machine
 
     def __init__(self, storage: Any, key: str) -> None:
         self.client = storage.client
@@ -402,6 +413,10 @@ def export_csv(ctx: TaskContext, payload: Any) -> Any:
     if ctx.remaining_ms() < STOP_MS + FIRST_CHUNK_MS:
         return ctx.checkpoint(ctx.state)
     storage = common.storage()
+    if ctx.remaining_ms() < STOP_MS + FIRST_CHUNK_MS:
+        # A cold process's first storage client (boto3's import and client: 1.1-1.6 s on a
+        # loaded 2-core machine) took the time: the next invocation has it ready.
+        return ctx.checkpoint(ctx.state)
     key = output_key(ctx.job_id, spec.name)
     sink = sink_for(storage, key)
     state: dict[str, Any] | None = ctx.state
@@ -421,15 +436,48 @@ def export_csv(ctx: TaskContext, payload: Any) -> Any:
         part_bytes = max(spec.part_bytes, sink.min_part)
         # The part being filled: its bytes, the last key in it and its rows.
         buf, after, rows = bytearray(), state["after"], 0
-        slowest_ms = FIRST_CHUNK_MS
+        timing = {
+            "read_ms": float(state.get("read_ms") or FIRST_CHUNK_MS),
+            "upload_ms_per_mib": float(state.get("upload_ms_per_mib") or sink.first_ms_per_mib),
+        }
+        uploaded = refused = False
+
+        def upload_ms(size: int) -> float:
+            # A part's fixed cost is counted as a MiB's at least.
+            return timing["upload_ms_per_mib"] * max(size / MIB, 1.0)
+
+        def learn(name: str, observed: float) -> None:
+            timing[name] = max(observed, (timing[name] + observed) / 2)
 
         def flush(state: dict[str, Any], part: bytes, after: Any, rows: int) -> dict[str, Any]:
             """Write a part; the checkpoint then names it (and the rows in it)."""
-            new = {**state, **sink.write(state, part), "after": after}
+            nonlocal uploaded
+            started = time.monotonic()
+            written = sink.write(state, part)
+            learn(
+                "upload_ms_per_mib", (time.monotonic() - started) * 1000 / max(len(part) / MIB, 1.0)
+            )
+            uploaded = True
+            new = {**state, **written, **timing, "after": after}
             new["rows"] = state["rows"] + rows
             ctx.progress(new["rows"], new["total"])
             ctx.checkpoint(new)
             return new
+
+        def fits(part: bytearray) -> bool:
+            nonlocal refused
+            if ctx.remaining_ms() >= STOP_MS + upload_ms(len(part)):
+                return True
+            refused = True
+            return False
+
+        def stop(state: dict[str, Any]) -> Any:
+            """Hand the job back for time, with what this invocation learnt of the time things
+            take; the part being filled is read again next time."""
+            learnt = dict(timing)
+            if refused and not uploaded:
+                learnt["upload_ms_per_mib"] *= RATE_DECAY
+            return ctx.checkpoint({**state, **learnt})
 
         while True:
             if ctx.cancelled():
@@ -438,22 +486,24 @@ def export_csv(ctx: TaskContext, payload: Any) -> Any:
             finished = after == state["upto"] and (state["parts"] > 0 or len(buf) > 0)
             if finished:
                 break
-            if ctx.remaining_ms() < STOP_MS + 2 * slowest_ms:
-                # Out of time: keep what is read if this storage takes a part that small
-                # (S3 wants 5 MiB but for the last), else it is read again next time.
-                if buf and len(buf) >= sink.min_part:
+            if ctx.remaining_ms() < STOP_MS + timing["read_ms"]:
+                # Out of time for a chunk: keep what is read if this storage takes a part that
+                # small (S3 wants 5 MiB but for the last) and its upload fits.
+                if buf and len(buf) >= sink.min_part and fits(buf):
                     state = flush(state, bytes(buf), after, rows)
-                return ctx.checkpoint(state)
+                return stop(state)
             started = time.monotonic()
             data, after, n = read_chunk(
                 conn, spec, after, state["upto"], header=state["parts"] == 0 and not buf
             )
+            learn("read_ms", (time.monotonic() - started) * 1000)
             buf += data
             rows += n
             if len(buf) >= part_bytes or after == state["upto"]:
+                if not fits(buf):
+                    return stop(state)
                 state = flush(state, bytes(buf), after, rows)
                 buf, rows = bytearray(), 0
-            slowest_ms = max(slowest_ms, (time.monotonic() - started) * 1000)
     if ctx.cancelled():
         sink.abort(state)
         return {"cancelled": True, "rows": state["rows"]}

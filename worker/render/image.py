@@ -277,6 +277,12 @@ def _damaged(source_type: str | None, exc: BaseException) -> ThumbqError:
         # libheif refuses sizes and counts (pixels, tiles, items) beyond its safety limits
         # before it decodes anything: the file is hostile or far too large, not damaged.
         return ThumbqError(TOO_LARGE, f"{source_type} exceeds libheif's safety limits: {reason}")
+    if "memory allocation" in reason.lower():
+        # libheif could not allocate its planes under the render's memory limit (a 33 MP 10-bit
+        # HEIC at 320 MB): the picture is too large to render here, it is not damaged.
+        return ThumbqError(
+            TOO_LARGE, f"{source_type} needs more memory to decode than a render may use: {reason}"
+        )
     return ThumbqError(CORRUPT_INPUT, f"{source_type} file is damaged: {reason}")
 
 

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
-from worker import db, validation
+from worker import db, stopping, validation
 from worker.config import SECRET_FILE, Config, ConfigError, check_task_modules, read_secret_file
 from worker.queue import Queue
 from worker.signing import PAGE_TOKEN_TTL_S
@@ -245,9 +245,13 @@ def cmd_run_batch(rt: Runtime, args: argparse.Namespace) -> int:
             rt.config, args.budget_ms, args.max_items, where=("--budget-ms", "--max-items")
         )
     )
-    with _connect(rt) as conn:
-        result = run_batch(rt.config, conn, _storage(rt), budget_ms=budget_ms, max_items=max_items)
+    with stopping.on_signals() as stop, _connect(rt) as conn:
+        result = run_batch(
+            rt.config, conn, _storage(rt), budget_ms=budget_ms, max_items=max_items, stop=stop
+        )
     print_json(result.response())
+    if stop.is_set():
+        raise stopping.Interrupted(stop, f"{result.released} unstarted job(s) handed back")
     return 0
 
 
@@ -571,24 +575,26 @@ def _drain(
 
     bar.update(queue.progress(group) or {})
     watcher = threading.Thread(target=follow, name="thumbq-bar", daemon=True)
-    with _quiet_logs_on_a_terminal(rt, stream) as log_path:
+    with _quiet_logs_on_a_terminal(rt, stream) as log_path, stopping.on_signals() as signalled:
         watcher.start()
         try:
             with RenderPool(
                 render_options(config), config.concurrency, config.render_memory_mb
             ) as pool:
                 give_up = time.monotonic() + max_seconds
-                while time.monotonic() < give_up:
-                    result = run_batch(config, conn, storage, pool, on_item=bar.item_done)
+                while time.monotonic() < give_up and not signalled.is_set():
+                    result = run_batch(
+                        config, conn, storage, pool, on_item=bar.item_done, stop=signalled
+                    )
                     runs.append(result.response())
                     p = queue.progress(group) or {}
                     if p.get("pending", 0) + p.get("processing", 0) == 0:
                         break
                     if result.stopped_reason == "rate_limited" and result.retry_after_ms:
-                        time.sleep(result.retry_after_ms / 1000)
+                        _nap(signalled, result.retry_after_ms / 1000)
                     elif result.stopped_reason == "drained":
                         # Only retries waiting out their backoff are left.
-                        time.sleep(1)
+                        _nap(signalled, 1)
         finally:
             stop.set()
             watcher.join()
@@ -596,7 +602,22 @@ def _drain(
             bar.close()
     if log_path is not None:
         say(f"the batches' log lines are in {log_path}")
+    if signalled.is_set():
+        p = queue.progress(group) or {}
+        left = int(p.get("pending") or 0) + int(p.get("processing") or 0)
+        raise stopping.Interrupted(
+            signalled,
+            f"what finished is recorded; {left} job(s) of group {group!r} wait for a batch: "
+            f"{_next_batch(rt, conn)}",
+        )
     return runs
+
+
+def _nap(stop: stopping.Stop, seconds: float) -> None:
+    """Sleep on the main thread until `seconds` pass or a signal asks to stop."""
+    until = time.monotonic() + seconds
+    while not stop.is_set() and time.monotonic() < until:
+        time.sleep(min(0.1, max(until - time.monotonic(), 0.0)))
 
 
 def _print_outcome(
@@ -683,28 +704,6 @@ def cmd_demo(rt: Runtime, args: argparse.Namespace) -> int:
 
 
 # -- serving: serve, scheduler, up, down ------------------------------------------------------
-
-
-def _wait_for_signal() -> str:
-    """Block until SIGINT or SIGTERM; return the signal's name."""
-    import signal
-
-    got: list[str] = []
-    done = threading.Event()
-
-    def handler(signum: int, frame: object) -> None:
-        got.append(signal.Signals(signum).name)
-        done.set()
-
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        # A timed wait, so that the handler gets to run promptly on every platform.
-        while not done.wait(0.5):
-            pass
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-    return got[0]
 
 
 def _default_port() -> int:
@@ -800,19 +799,21 @@ def cmd_serve(rt: Runtime, args: argparse.Namespace) -> int:
     from api import create_app
 
     app = create_app(config)
-    server = _listen(app, args.host, port, _server_threads(config, args.threads))
-    rt.announce(api_url=server.url)
-    print(
-        f"thumbq: serving on {server.url} with waitress (Ctrl-C to stop)",
-        file=sys.stderr,
-        flush=True,
-    )
-    sig = _wait_for_signal()
-    print(f"thumbq: {sig}, stopping", file=sys.stderr, flush=True)
-    server.close()
-    _close_app(app)
+    with stopping.on_signals() as stop:
+        server = _listen(app, args.host, port, _server_threads(config, args.threads))
+        rt.announce(api_url=server.url)
+        print(
+            f"thumbq: serving on {server.url} with waitress (Ctrl-C to stop)",
+            file=sys.stderr,
+            flush=True,
+        )
+        sig = stopping.wait_for(stop)
+        print(f"thumbq: {sig}, stopping", file=sys.stderr, flush=True)
+        # A batch in flight sees the same stop and ends within its grace (worker.stopping).
+        server.close(stopping.SERVER_WAIT_S)
+        _close_app(app)
     print("thumbq: stopped", file=sys.stderr, flush=True)
-    return 0
+    return stop.exit_code(server=True)
 
 
 def _serve_granian(config: Config, host: str, port: int, threads: int) -> int:
@@ -844,8 +845,8 @@ def _serve_granian(config: Config, host: str, port: int, threads: int) -> int:
         file=sys.stderr,
         flush=True,
     )
-    Granian(
-        "api:create_app",
+    server = Granian(
+        "worker.cli:granian_app",
         factory=True,
         address=host,
         port=port,
@@ -856,9 +857,35 @@ def _serve_granian(config: Config, host: str, port: int, threads: int) -> int:
         backlog=2048,
         websockets=False,
         log_access=False,
-    ).serve()
+    )
+    # granian keeps SIGINT and SIGTERM for itself: pass the stop on to its worker first, so
+    # that a batch in flight there ends within its grace before granian stops the worker.
+    interrupt = server.signal_handler_interrupt
+
+    def stop_worker_then_granian(*args: Any, **kwargs: Any) -> None:
+        import contextlib
+        import multiprocessing
+        import signal
+
+        for child in multiprocessing.active_children():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid or 0, signal.SIGUSR1)
+        interrupt(*args, **kwargs)
+
+    server.signal_handler_interrupt = stop_worker_then_granian  # type: ignore[method-assign]
+    server.serve()
     print("thumbq: stopped", file=sys.stderr, flush=True)
     return 0
+
+
+def granian_app() -> Any:
+    """The app in granian's worker process, where SIGUSR1 (from `thumbq serve`) is the stop."""
+    import signal
+
+    from api import create_app
+
+    signal.signal(signal.SIGUSR1, lambda signum, frame: stopping.requested().request("SIGUSR1"))
+    return create_app()
 
 
 def cmd_scheduler(rt: Runtime, args: argparse.Namespace) -> int:
@@ -872,11 +899,13 @@ def cmd_scheduler(rt: Runtime, args: argparse.Namespace) -> int:
             f"{config.home}): the API will refuse the scheduler's calls"
         )
     sched = Scheduler(config)
-    sched.start(run_now=args.now)
-    sig = _wait_for_signal()
-    print(f"thumbq: {sig}, stopping after the current call", file=sys.stderr, flush=True)
-    sched.shutdown()
-    return 0
+    with stopping.on_signals() as stop:
+        sched.start(run_now=args.now)
+        sig = stopping.wait_for(stop)
+        print(f"thumbq: {sig}, stopping after the current call", file=sys.stderr, flush=True)
+        # The API records its batch whether or not anyone waits for the answer.
+        sched.shutdown(timeout_s=stopping.SERVER_WAIT_S)
+    return stop.exit_code(server=True)
 
 
 def _schedule_ok(schedule: str, cron_trigger: Callable[[str], Any]) -> None:
@@ -965,17 +994,19 @@ def cmd_up(rt: Runtime, args: argparse.Namespace) -> int:
         file=out,
     )
     print("Press Ctrl-C to stop.", file=out, flush=True)
-    sched.start(run_now=True)
-    try:
-        sig = _wait_for_signal()
-        print(f"thumbq: {sig}, stopping", file=sys.stderr, flush=True)
-    finally:
-        # Scheduler first: its running call needs the server to answer.
-        sched.shutdown()
-        server.close()
-        _close_app(app)
+    with stopping.on_signals() as stop:
+        sched.start(run_now=True)
+        try:
+            sig = stopping.wait_for(stop)
+            print(f"thumbq: {sig}, stopping", file=sys.stderr, flush=True)
+        finally:
+            # The batch in flight sees the same stop and ends within its grace; the
+            # scheduler's call gets its answer, then the server closes.
+            sched.shutdown(timeout_s=stopping.SERVER_WAIT_S)
+            server.close(stopping.SERVER_WAIT_S)
+            _close_app(app)
     print("thumbq: stopped", file=sys.stderr, flush=True)
-    return 0
+    return stop.exit_code(server=True)
 
 
 def cmd_down(rt: Runtime, args: argparse.Namespace) -> int:
@@ -1574,6 +1605,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return int(args.func(rt, args))
         finally:
             rt.close()
+    except stopping.Interrupted as exc:
+        say(str(exc))
+        return exc.code
     except KeyboardInterrupt:
         print(file=sys.stderr)
         say("interrupted")

@@ -43,6 +43,8 @@ TIMEOUT_MARGIN_S = 15.0
 MIN_RATE_WAIT_S = 0.05
 DEFAULT_RATE_WAIT_S = 1.0
 CHAIN_REASONS = frozenset({"time_budget", "max_items"})
+# How often a tick waiting for its call's answer checks whether a shutdown gave up on it.
+ABANDON_POLL_S = 0.05
 
 _DOW_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
@@ -226,6 +228,10 @@ class Scheduler:
         self.ticks: list[TickSummary] = []
         self.cleanups: list[HttpResponse] = []
         self._stopping = threading.Event()
+        # Set while no tick runs; a shutdown waits for it, then gives up on the call in flight.
+        self._idle = threading.Event()
+        self._idle.set()
+        self._abandon = threading.Event()
         self._scheduler: BackgroundScheduler | None = None
 
     @property
@@ -243,11 +249,21 @@ class Scheduler:
 
     def tick(self) -> TickSummary:
         """One scheduled tick: a batch call, then chained calls while the rules allow."""
+        self._idle.clear()
+        try:
+            return self._tick()
+        finally:
+            self._idle.set()
+
+    def _tick(self) -> TickSummary:
         summary = TickSummary()
         next_tick = self._next_tick()
         url = self.api_url + BATCH_PATH
         while not self._stopping.is_set():
-            resp = self.http(url, self.secret, self.timeout_s)
+            resp = self._call(url)
+            if resp is None:
+                log_event("scheduler_call", job="batch", url=url, abandoned=True, why="shutdown")
+                break
             summary.calls += 1
             body = resp.body or {}
             if resp.status == 200 and body.get("budget_ms"):
@@ -291,6 +307,28 @@ class Scheduler:
         self.ticks.append(summary)
         return summary
 
+    def _call(self, url: str) -> HttpResponse | None:
+        """`http` on a thread of its own, so that a shutdown can stop waiting for its answer
+        (None then): the API records its batch whether or not anyone reads the answer."""
+        box: list[HttpResponse | Exception] = []
+        done = threading.Event()
+
+        def call() -> None:
+            try:
+                box.append(self.http(url, self.secret, self.timeout_s))
+            except Exception as exc:  # raised on the tick's thread, as before
+                box.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=call, name="thumbq-scheduler-call", daemon=True).start()
+        while not done.wait(ABANDON_POLL_S):
+            if self._abandon.is_set():
+                return None
+        if isinstance(box[0], Exception):
+            raise box[0]
+        return box[0]
+
     def cleanup(self) -> HttpResponse:
         """Reset expired `processing` leases through the API."""
         url = self.api_url + CLEANUP_PATH
@@ -329,6 +367,7 @@ class Scheduler:
             name="cleanup-stale",
         )
         self._stopping.clear()
+        self._abandon.clear()
         sched.start()
         self._scheduler = sched
         log_event(
@@ -340,9 +379,12 @@ class Scheduler:
             secret_set=bool(self.secret),
         )
 
-    def shutdown(self, *, wait: bool = True) -> None:
-        """Stop ticking; no further call is chained and a running call is waited for."""
+    def shutdown(self, *, wait: bool = True, timeout_s: float | None = None) -> None:
+        """Stop ticking; no further call is chained and a running call is waited for (at most
+        `timeout_s`, then left to end on its own: its batch is recorded by the API)."""
         self._stopping.set()
+        if timeout_s is not None and not self._idle.wait(timeout_s):
+            self._abandon.set()
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=wait)
             self._scheduler = None

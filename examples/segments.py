@@ -46,9 +46,13 @@ from worker.tasks import PermanentError, TaskContext, task
 TASK = "signal_segment"
 # Samples per checkpoint by default (about 8 ms of work).
 CHUNK = 20_000
-# Stop to be resumed later when less than this is left of the invocation (a chunk and its
-# checkpoint, with room for a busy machine).
+# Stop to be resumed later when less than this is left of the invocation besides the time a
+# chunk takes (its computation, pace and checkpoint: the slowest recent one, kept in the
+# checkpoint so that a run starts from what the segment has seen; FIRST_STEP_MS before any):
+# room for a busy machine, on which a chunk cut by the deadline before the run's first
+# checkpoint costs an attempt.
 STOP_MS = 400.0
+FIRST_STEP_MS = 100.0
 SAMPLE_BYTES = 8
 JOURNAL_ENV = "SEGMENTS_JOURNAL"
 # The smoothing filter: an exponential moving average.
@@ -170,7 +174,6 @@ def process_segment(ctx: TaskContext, payload: Any) -> Any:
                 ) from None
             carry = json.loads(data)["carry"]
         state = {"pos": 0, "carry": carry, "min": None, "max": None}
-    _journal("start", payload, pos=state["pos"])
     raw, _ = storage.get(source)
     samples = array("d")
     samples.frombytes(raw[first * SAMPLE_BYTES : (first + count) * SAMPLE_BYTES])
@@ -178,9 +181,17 @@ def process_segment(ctx: TaskContext, payload: Any) -> Any:
         raise PermanentError(
             f"{source!r} has no samples {first}..{first + count - 1}", code="bad_segment"
         )
+    started = False
+    step_ms = float(state.get("step_ms") or FIRST_STEP_MS)
     while state["pos"] < count:
-        if ctx.remaining_ms() < STOP_MS or ctx.cancelled():
-            return ctx.checkpoint(state)
+        if ctx.remaining_ms() < STOP_MS + step_ms or ctx.cancelled():
+            return ctx.checkpoint({**state, "step_ms": step_ms})
+        if not started:
+            # Journalled once it has the time for a chunk: a run that hands the segment back
+            # at once (too little time left after fetching the file) did not start it.
+            _journal("start", payload, pos=state["pos"])
+            started = True
+        step_started = time.monotonic()
         end = min(state["pos"] + chunk, count)
         carried = summarize(samples[state["pos"] : end], state["carry"])
         lo, hi = carried.pop("min"), carried.pop("max")
@@ -189,11 +200,14 @@ def process_segment(ctx: TaskContext, payload: Any) -> Any:
             "carry": carried,
             "min": lo if state["min"] is None else min(state["min"], lo),
             "max": hi if state["max"] is None else max(state["max"], hi),
+            "step_ms": step_ms,
         }
         if pace_s:
             time.sleep(pace_s)  # the demo's pace: a chunk of real work takes longer
         ctx.checkpoint(state)
         ctx.progress(end, count)
+        observed = (time.monotonic() - step_started) * 1000
+        step_ms = max(observed, (step_ms + observed) / 2)
         _journal("chunk", payload, pos=end)
     out = {
         "source": source,

@@ -114,7 +114,9 @@ def run_batch(
     """Run one invocation within `budget_ms` (default: the configured budget) and report.
     `on_item(job, outcome)` is called from the worker thread after each item the run started:
     `succeeded`, `failed`, `unsupported`, `missing`, `retried`, `skipped`, `checkpointed`,
-    `released` (started late and killed at the deadline: back in the queue) or `unrecorded`.
+    `released` (started late and killed at the deadline: back in the queue), `overran` (a thread
+    handler still running at the deadline: it keeps its job until it ends, worker.overrun) or
+    `unrecorded`.
     `started` is `clock()`'s reading when the invocation began, if before this call (an HTTP
     request's arrival: the platform's limit counts from there); the budget counts from it.
     `stop` (default: the process's, set by SIGINT or SIGTERM) ends the run early and cleanly:

@@ -25,6 +25,10 @@ create table if not exists thumbq.schema_migrations ( version text primary key, 
 -- trigger) is retried inside the transition, a bounded number of times; a transition that
 -- spans both kinds of enqueue (enqueue_mixed) is one function, so its retry covers all of it.
 --
+-- The transitions run with `set jit = off`: each statement touches a handful of rows, and an
+-- ordering key's long history once pushed one estimate past jit_above_cost (2 s of compiling for
+-- a statement of 0.1 ms; bench/ordered_history.py).
+--
 -- Queues: a job's message lives in the queue of its priority (thumbq_jobs for 0, thumbq_jobs_p1
 -- .. thumbq_jobs_p9); every job that waits or runs has exactly one message, except the jobs of
 -- an ordering key behind its head, which get theirs when the head is done.
@@ -644,6 +648,7 @@ create or replace function thumbq.enqueue_batch(p_items jsonb,
 returns table (job_id bigint, source_key text, source_etag text, created boolean,
                status text)
 language plpgsql
+set jit = off
 as $$
 #variable_conflict use_column
 declare
@@ -840,11 +845,13 @@ begin
                            j.sequence), '; ')
     into v_problem
     from jsonb_array_elements(v_fresh) f
-    cross join lateral (select max(j.sequence) as sequence from thumbq.jobs j
+    cross join lateral (select j.sequence from thumbq.jobs j
                          where j.ordering_key = f->>'ordering_key'
                            and j.sequence > (f->>'sequence')::bigint
-                           and j.started_at is not null) j
-   where f->>'ordering_key' is not null and j.sequence is not null;
+                           and j.started_at is not null
+                         order by j.sequence desc
+                         limit 1) j
+   where f->>'ordering_key' is not null;
   if v_problem is not null then
     raise exception 'sequence_conflict: %', v_problem using errcode = '23P01';
   end if;
@@ -944,6 +951,7 @@ create or replace function thumbq.enqueue_jobs(p_items jsonb,
 returns table (job_id bigint, task text, created boolean, status text, ordering_key text,
                sequence bigint)
 language plpgsql
+set jit = off
 as $$
 #variable_conflict use_column
 declare
@@ -990,6 +998,7 @@ create or replace function thumbq.enqueue_mixed(p_files jsonb, p_jobs jsonb,
                                                 p_max_attempts integer default 3)
 returns jsonb
 language plpgsql
+set jit = off
 as $$
 declare
   v_problem text;
@@ -1082,6 +1091,7 @@ create or replace function thumbq.claim(p_worker_id text, p_qty integer, p_vt_se
                                         p_ageing_s integer default 60)
 returns jsonb
 language plpgsql
+set jit = off
 as $$
 declare
   v_want integer := greatest(p_qty, 0);
@@ -1346,6 +1356,7 @@ create or replace function thumbq.claim_job(p_worker_id text, p_job_id bigint,
                                             p_bucket text default 'thumbnail_generation')
 returns jsonb
 language plpgsql
+set jit = off
 as $$
 declare
   j thumbq.jobs;
@@ -1522,6 +1533,7 @@ create or replace function thumbq.extend_leases(p_worker_id text, p_job_ids bigi
                                                 p_vt_seconds integer)
 returns bigint[]
 language plpgsql
+set jit = off
 as $$
 declare
   v_ids bigint[];
@@ -1592,6 +1604,7 @@ create or replace function thumbq.complete_jobs(p_worker_id text, p_results json
                                                 p_wait boolean default true)
 returns table (job_id bigint, outcome text)
 language plpgsql
+set jit = off
 as $$
 #variable_conflict use_column
 declare
@@ -1686,6 +1699,7 @@ create or replace function thumbq.checkpoint(p_worker_id text, p_job_id bigint, 
                                              p_requeue boolean)
 returns jsonb
 language plpgsql
+set jit = off
 as $$
 declare
   j thumbq.jobs;
@@ -1737,6 +1751,7 @@ create or replace function thumbq.fail(p_worker_id text, p_msg_id bigint, p_job_
                                        p_backoff_cap_s integer default 900)
 returns jsonb
 language plpgsql
+set jit = off
 as $$
 declare
   j thumbq.jobs;
@@ -1813,6 +1828,7 @@ create or replace function thumbq.release(p_worker_id text, p_job_ids bigint[],
                                           p_bucket text default 'thumbnail_generation')
 returns integer
 language plpgsql
+set jit = off
 as $$
 declare
   v_ids bigint[];
@@ -1865,6 +1881,7 @@ drop function if exists thumbq.reap_stale();
 create or replace function thumbq.reap_stale(p_limit integer default 5000)
 returns integer
 language plpgsql
+set jit = off
 as $$
 declare
   v_ids bigint[];
@@ -1910,6 +1927,7 @@ $$;
 create or replace function thumbq.retry_failed(p_group_id text)
 returns integer
 language plpgsql
+set jit = off
 as $$
 declare
   v_ids bigint[];
@@ -1975,6 +1993,7 @@ create or replace function thumbq.cancel_jobs(p_job_ids bigint[],
                                               p_message text default 'cancelled by request')
 returns integer
 language plpgsql
+set jit = off
 as $$
 declare
   v_keys text[];
@@ -2033,6 +2052,7 @@ $$;
 create or replace function thumbq.prune(p_days integer, p_limit integer default 5000)
 returns jsonb
 language plpgsql
+set jit = off
 as $$
 declare
   v_cutoff timestamptz := clock_timestamp() - make_interval(days => greatest(p_days, 0));
@@ -2229,7 +2249,7 @@ grant execute on function thumbq.progress(text), thumbq.progress_v2(text),
   thumbq.request_user_id() to authenticated;
 
 insert into thumbq.schema_migrations (version, checksum)
-values ('010_concurrency', '16ac551fbf7d30e80cca216df36d36751a0d44f27f3ca73ebd0c5ea391399e87')
+values ('010_concurrency', '6c98affb84b6a5daa8b0742282e92ec9caf55525a2b19f27e52a177555a77ab7')
 on conflict (version) do update set checksum = excluded.checksum, applied_at = clock_timestamp();
 
 commit;

@@ -310,3 +310,37 @@ def test_a_render_stopped_by_the_pools_close_is_not_run_rather_than_internal() -
     assert info.value.code == RENDER_TIMEOUT and "stopping" in info.value.message
     with pytest.raises(RenderStopped):
         pool.render(corpus.small_jpeg(), None, timeout_s=5)
+
+
+def test_renders_still_running_at_a_stop_are_stopped_and_handed_back_without_an_attempt(
+    tmp_path: Path, db_url: str
+) -> None:
+    # Two pages that take minutes each: the stop cannot wait for them.
+    from bench import corpus
+
+    storage = open_storage(_config(tmp_path, db_url))
+    for name in ("a", "b"):
+        storage.put(f"slow/{name}.pdf", corpus.slow_pdf(), "application/pdf")
+    env = _env(tmp_path, db_url, THUMBQ_BUDGET_MS="60000", THUMBQ_BUFFER_MS="2000")
+    with running(["backfill", "--prefix", "slow/", "--group", "slow", "--now"], env) as proc:
+
+        def rendering() -> bool:
+            assert proc.popen.poll() is None, proc.output
+            jobs = _jobs(db_url, "slow/")
+            return len(jobs) == 2 and all(j["status"] == "processing" for j in jobs)
+
+        wait_until(rendering, 60, 0.05)
+        time.sleep(1.0)  # both renders are well under way
+        tree = proc.tree()
+        took, code = proc.stop(signal.SIGINT)
+    jobs = _jobs(db_url, "slow/")
+    assert [(j["status"], j["attempts"], j["error_code"]) for j in jobs] == [
+        ("pending", 0, None)
+    ] * 2
+    assert took < EXIT_WITHIN_S, (took, proc.output)
+    assert code == 130, proc.output
+    assert _thumbnails(tmp_path, "slow/") == 0
+    deadline = time.monotonic() + 2
+    while any(_alive(p) for p in tree) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p.pid for p in tree if _alive(p)]

@@ -188,7 +188,9 @@ class Keeper:
                 for k in kept:
                     if k.handler.done.is_set():
                         self._record(queue, k)
-                running = [k for k in kept if not k.handler.done.is_set() and not k.gone]
+                # A cancelled job's run keeps its lease too while its thread runs: the next
+                # job of its ordering key waits for it (sql/010_concurrency.sql, held_by).
+                running = [k for k in kept if not k.handler.done.is_set()]
                 if running and time.monotonic() >= renew_at:
                     self._renew(queue, running)
                     renew_at = time.monotonic() + RENEW_EVERY_S

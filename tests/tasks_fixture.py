@@ -138,3 +138,32 @@ def progress_burst(ctx: TaskContext, payload: dict[str, Any]) -> Any:
         time.sleep(0.01)
     ctx.progress(payload["last"])
     return {"calls": i + 1}
+
+
+@task("progress_under_lock", runs_in="thread")
+def progress_under_lock(ctx: TaskContext, payload: dict[str, Any]) -> Any:
+    """Reports progress around a row lock the test holds, telling it each step by a file:
+    how long the report made while the row was locked took, and when the next one was made."""
+    folder = payload["dir"]
+
+    def wait_for(name: str) -> None:
+        end = time.monotonic() + 10
+        while not os.path.exists(os.path.join(folder, name)) and time.monotonic() < end:
+            time.sleep(0.01)
+
+    def tell(name: str, text: str = "") -> None:
+        with open(os.path.join(folder, name), "w") as f:
+            f.write(text)
+
+    ctx.progress(1)
+    tell("ready")
+    wait_for("locked")
+    time.sleep(0.6)  # past the throttle: this report is written (or tried)
+    started = time.monotonic()
+    ctx.progress(2)
+    tell("tried", str((time.monotonic() - started) * 1000))
+    wait_for("unlocked")
+    ctx.progress(3)
+    tell("reported")
+    wait_for("checked")
+    return {"ok": True}

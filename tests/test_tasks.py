@@ -438,3 +438,40 @@ def test_progress_is_written_at_most_every_half_second_and_the_last_value_with_t
     assert all(gap >= 0.45 for gap in gaps), gaps
     row = Queue(conn).job(job["job_id"])
     assert (row["status"], row["progress_done"]) == ("completed", 100_000)
+
+
+def test_a_progress_write_on_a_locked_row_does_not_hold_the_handler_and_is_tried_again(
+    tconfig: Config, conn: db.Conn, db_url: str, tmp_path: Path
+) -> None:
+    """Regression (issue 20, item 13): a progress write waited for a row held elsewhere for as
+    long as the invocation had left, holding up the handler, and a report that was not written
+    counted as written for the throttle. Now it gives up after a moment, the handler goes on,
+    and its next report is written."""
+    (job,) = Queue(conn).enqueue_jobs(
+        [{"task": "progress_under_lock", "payload": {"dir": str(tmp_path)}}], "g"
+    )
+    results: list[BatchResult] = []
+    runner = threading.Thread(target=lambda: results.append(batch(tconfig, conn)))
+    runner.start()
+
+    def wait_for(name: str, timeout_s: float) -> bool:
+        end = time.monotonic() + timeout_s
+        while not (tmp_path / name).exists() and time.monotonic() < end:
+            time.sleep(0.01)
+        return (tmp_path / name).exists()
+
+    assert wait_for("ready", 30)
+    with db.connect(db_url) as other:
+        with other.transaction():  # an operator's statement holds the job's row
+            other.execute("select id from thumbq.jobs where id = %s for update", [job["job_id"]])
+            (tmp_path / "locked").touch()
+            wait_for("tried", 3)
+        (tmp_path / "unlocked").touch()
+    assert wait_for("reported", 10)
+    shown = Queue(conn).job(job["job_id"])["progress_done"]
+    (tmp_path / "checked").touch()
+    runner.join(30)
+    held_ms = float((tmp_path / "tried").read_text())
+    assert held_ms < 600, held_ms  # the progress write's bound (250 ms), not the lock's hold
+    assert shown == 3  # the report after the failed one was written at once
+    assert results[0].succeeded == 1

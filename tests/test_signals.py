@@ -344,3 +344,54 @@ def test_renders_still_running_at_a_stop_are_stopped_and_handed_back_without_an_
     while any(_alive(p) for p in tree) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not [p.pid for p in tree if _alive(p)]
+
+
+def test_sigterm_to_thumbq_scheduler_mid_call_exits_without_waiting_for_the_batch(
+    tmp_path: Path, db_url: str
+) -> None:
+    # The scheduler's call is a minute-long batch of two slow pages on a separate server: the
+    # scheduler stops at once (the server records the batch whatever the caller does), and the
+    # server's own stop then hands the pages back.
+    from bench import corpus
+
+    config = _config(tmp_path, db_url)
+    storage = open_storage(config)
+    items = []
+    for name in ("a", "b"):
+        info = storage.put(f"sch/{name}.pdf", corpus.slow_pdf(), "application/pdf")
+        items.append({"source_key": f"sch/{name}.pdf", "etag": info.etag})
+    with db.connect(db_url) as conn:
+        enqueue(conn, storage, config, items, "sch")
+    port = free_port()
+    env = _env(
+        tmp_path,
+        db_url,
+        THUMBQ_CRON_SECRET=SECRET,
+        THUMBQ_HOME=str(tmp_path / "home"),
+        THUMBQ_BUDGET_MS="60000",
+        THUMBQ_API_URL=f"http://127.0.0.1:{port}",
+        THUMBQ_SCHEDULE="* * * * * *",
+    )
+    with running(["serve", "--port", str(port), "--server", "waitress"], env) as server:
+        wait_until(lambda: _answers(f"http://127.0.0.1:{port}/healthz"), 30, 0.1)
+        with running(["scheduler"], env) as sched:
+
+            def rendering() -> bool:
+                assert sched.popen.poll() is None, sched.output
+                return all(j["status"] == "processing" for j in _jobs(db_url, "sch/"))
+
+            wait_until(rendering, 60, 0.05)
+            took, code = sched.stop(signal.SIGTERM)
+        assert took < EXIT_WITHIN_S, (took, sched.output)
+        assert code == 0 and "Traceback" not in sched.output, sched.output
+        tree = server.tree()
+        took, code = server.stop(signal.SIGTERM)
+    assert took < EXIT_WITHIN_S, (took, server.output)
+    jobs = _jobs(db_url, "sch/")
+    assert [(j["status"], j["attempts"], j["error_code"]) for j in jobs] == [
+        ("pending", 0, None)
+    ] * 2
+    deadline = time.monotonic() + 2
+    while any(_alive(p) for p in tree) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p.pid for p in tree if _alive(p)]

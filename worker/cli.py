@@ -904,7 +904,7 @@ def cmd_scheduler(rt: Runtime, args: argparse.Namespace) -> int:
         sig = stopping.wait_for(stop)
         print(f"thumbq: {sig}, stopping after the current call", file=sys.stderr, flush=True)
         # The API records its batch whether or not anyone waits for the answer.
-        sched.shutdown(timeout_s=stopping.SERVER_WAIT_S)
+        sched.shutdown(timeout_s=stopping.CALL_WAIT_S)
     return stop.exit_code(server=True)
 
 
@@ -1002,7 +1002,7 @@ def cmd_up(rt: Runtime, args: argparse.Namespace) -> int:
         finally:
             # The batch in flight sees the same stop and ends within its grace; the
             # scheduler's call gets its answer, then the server closes.
-            sched.shutdown(timeout_s=stopping.SERVER_WAIT_S)
+            sched.shutdown(timeout_s=stopping.CALL_WAIT_S)
             server.close(stopping.SERVER_WAIT_S)
             _close_app(app)
     print("thumbq: stopped", file=sys.stderr, flush=True)

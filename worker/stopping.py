@@ -43,6 +43,10 @@ GRACE_S = 1.0
 # How long a server waits for requests in flight (a batch: GRACE_S and its end) before it
 # closes their connections.
 SERVER_WAIT_S = 3.0
+# How long a scheduler waits for its call in flight: the answer of a batch that is stopping too
+# (`thumbq up`'s own server) comes within GRACE_S and the run's end; a remote API records its
+# batch whether or not anyone waits for the answer.
+CALL_WAIT_S = 1.5
 # How often a batch's watcher looks at the stop event.
 WATCH_S = 0.05
 SIGNALS = (signal.SIGINT, signal.SIGTERM)

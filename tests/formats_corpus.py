@@ -8,6 +8,7 @@ and what its thumbnail must look like; `HOSTILE` the same for files built to hur
 from __future__ import annotations
 
 import functools
+import gzip
 import io
 import random
 import struct
@@ -15,6 +16,7 @@ import zipfile
 import zlib
 from dataclasses import dataclass
 from fractions import Fraction
+from pathlib import Path
 
 from PIL import Image, ImageDraw
 
@@ -727,6 +729,44 @@ class Expect:
     colour: tuple[int, int, int] | None = None  # a colour that must be in the thumbnail
 
 
+FIXTURES = Path(__file__).parent / "fixtures" / "formats"
+
+
+def fixture(name: str) -> bytes:
+    """A sample file from another project's test corpus (tests/fixtures/formats/README.md)."""
+    return gzip.decompress((FIXTURES / f"{name}.gz").read_bytes())
+
+
+@functools.cache
+def doc_sample() -> bytes:
+    return fixture("harmless-clean.doc")
+
+
+@functools.cache
+def xls_sample() -> bytes:
+    return fixture("embedded-simple-2007.xls")
+
+
+@functools.cache
+def pps_sample() -> bytes:
+    return fixture("sample_with_lnk_file.pps")
+
+
+def ico_icon() -> bytes:
+    return icon((16, 48, 256))
+
+
+def cur_cursor() -> bytes:
+    return icon((16, 32, 256), cursor=True)
+
+
+def svg_with_png_data_uri() -> bytes:
+    import base64
+
+    png = base64.b64encode(quadrant_png(40, 40)).decode()
+    return svg_embedding(f"data:image/png;base64,{png}")
+
+
 FORMATS: dict[str, Expect] = {
     "pptx": Expect(pptx_deck, 16 / 9, needs_soffice=True, colour=RED),
     "docx": Expect(docx_letter, 8.5 / 11, needs_soffice=True),
@@ -745,6 +785,17 @@ FORMATS: dict[str, Expect] = {
     "mov": Expect(mov_video, 16 / 9, colour=BLUE),
     "webm": Expect(webm_video, 16 / 9, colour=BLUE),
     "mkv": Expect(mkv_video, 16 / 9, colour=BLUE),
+}
+#: What a real archive adds (tests/test_formats_archive.py), in the same form.
+ARCHIVE_FORMATS: dict[str, Expect] = {
+    "doc": Expect(doc_sample, 0, needs_soffice=True),
+    "xls": Expect(xls_sample, 0, needs_soffice=True),
+    "pps": Expect(pps_sample, 4 / 3, needs_soffice=True),
+    "rtf": Expect(rtf_letter, 0, needs_soffice=True),
+    "ico": Expect(ico_icon, 1.0, colour=RED),
+    "cur": Expect(cur_cursor, 1.0, colour=RED),
+    "svg_data_image": Expect(svg_with_png_data_uri, 1.0, colour=RED),
+    "avif_hdr_ictcp": Expect(lambda: grey_avif(148, transfer=PQ_TRANSFER, matrix=ICTCP), 128 / 96),
 }
 
 

@@ -30,6 +30,9 @@ from bench.corpus import BLUE, RED
 from tests import formats_corpus as fc
 from tests.httpstub import HttpStub
 from tests.pgtools import requires
+from worker import db
+from worker.batch import run_batch
+from worker.config import Config
 from worker.errors import (
     CORRUPT_INPUT,
     ENCRYPTED_INPUT,
@@ -37,12 +40,14 @@ from worker.errors import (
     UNSUPPORTED_TYPE,
     ThumbqError,
 )
+from worker.queue import Queue
 from worker.render import RenderOptions, render
 from worker.render.office import OfficeConverter, _soffice_groups, find_soffice
 from worker.render.process import RenderPool
 from worker.render.sniff import CUR, DOC, ICO, ODG, OLE2, PPT, RTF, XLS, sniff
+from worker.service import enqueue
+from worker.storage import open_storage
 
-FIXTURES = Path(__file__).parent / "fixtures" / "formats"
 SOFFICE = find_soffice()
 NO_SOFFICE = "LibreOffice (soffice) is not installed: apt-get install libreoffice-writer"
 SIZES = (128, 512)
@@ -55,8 +60,7 @@ def pool() -> Iterator[RenderPool]:
         yield p
 
 
-def fixture(name: str) -> bytes:
-    return gzip.decompress((FIXTURES / f"{name}.gz").read_bytes())
+fixture = fc.fixture
 
 
 def decode(data: bytes) -> Image.Image:
@@ -440,3 +444,51 @@ def test_an_svg_sized_in_points_millimetres_or_inches_is_drawn(size: str) -> Non
     assert has_colour(img.crop((0, 0, 256, 256)), RED) and has_colour(
         img.crop((256, 0, 512, 256)), BLUE
     )
+
+
+# -- end to end ------------------------------------------------------------------------------------
+
+
+def test_every_new_format_ends_with_thumbnails_through_a_batch(
+    tmp_path: Path, db_url: str, pool: RenderPool
+) -> None:
+    config = Config.from_env(
+        {
+            "THUMBQ_HOME": str(tmp_path / "home"),
+            "DATABASE_URL": db_url,
+            "THUMBQ_STORAGE_URL": (tmp_path / "storage").as_uri(),
+            "THUMBQ_CONCURRENCY": "2",
+            "THUMBQ_THUMB_SIZES": ",".join(map(str, SIZES)),
+        }
+    )
+    if SOFFICE is not None:
+        # LibreOffice's start (1-2 s, more on a loaded machine) is not what this test is about.
+        pool.render(fc.rtf_letter(), None, timeout_s=60)
+    storage = open_storage(config)
+    expected: dict[str, tuple[str, str | None]] = {}
+    for name, expect in fc.ARCHIVE_FORMATS.items():
+        if expect.needs_soffice and SOFFICE is None:
+            continue
+        assert callable(expect.make)
+        storage.put(f"archive/{name}", expect.make(), "application/octet-stream")
+        expected[name] = ("completed", None)
+    storage.put("archive/encrypted_doc", fc.encrypted_doc(), "application/msword")
+    expected["encrypted_doc"] = ("failed", ENCRYPTED_INPUT)
+    storage.put("archive/ole2_message", fc.ole2_file({"__substg1.0_0037001F": b"x"}), None)
+    expected["ole2_message"] = ("unsupported", UNSUPPORTED_TYPE)
+    with db.connect(db_url) as conn:
+        enqueue(conn, storage, config, [{"source_key": f"archive/{n}"} for n in expected], "arc")
+        for _ in range(6):
+            run_batch(config, conn, storage, pool)
+            progress = Queue(conn).progress("arc")
+            assert progress is not None
+            if progress["pending"] + progress["processing"] == 0:
+                break
+        jobs = {r["source_key"]: r for r in conn.execute("select * from thumbq.jobs")}
+    for name, (status, code) in expected.items():
+        job = jobs[f"archive/{name}"]
+        assert (job["status"], job["error_code"]) == (status, code), (name, job["last_error"])
+        if status == "completed":
+            assert sorted(job["thumbnails"], key=int) == [str(s) for s in SIZES], name
+            data, info = storage.get(job["thumbnails"]["512"])
+            assert info.content_type == "image/webp" and max(decode(data).size) <= 512

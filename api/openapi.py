@@ -603,6 +603,7 @@ _JOB_SCHEMAS: dict[str, Any] = {
                     "checkpointed",
                     "retrying",
                     "unrecorded",
+                    "running",
                 ],
                 "description": "Why it has not ended: rate_limited (no token; retry_after_ms), "
                 "busy (another invocation holds it, or this process runs as many interactive "

@@ -221,9 +221,9 @@ def log_size(path: Path | None) -> int | None:
         return None
 
 
-def deadlock_lines(path: Path | None, offset: int | None, dbname: str) -> list[str] | None:
-    """The server log's `deadlock detected` errors of this database since `offset`; None when
-    the log cannot be read."""
+def deadlock_lines(path: Path | None, offset: int | None, dbname: str | None) -> list[str] | None:
+    """The server log's `deadlock detected` errors of this database (of any, when `dbname` is
+    None: the log's lines do not name theirs) since `offset`; None when it cannot be read."""
     if path is None or offset is None:
         return None
     try:
@@ -235,7 +235,9 @@ def deadlock_lines(path: Path | None, offset: int | None, dbname: str) -> list[s
     return [
         line
         for line in text.splitlines()
-        if "deadlock detected" in line and "ERROR" in line and f"@{dbname} " in line
+        if "deadlock detected" in line
+        and "ERROR" in line
+        and (dbname is None or f"@{dbname} " in line)
     ]
 
 
@@ -657,7 +659,9 @@ def soak(opts: Options) -> dict[str, Any]:
     checked = check(runs, conn)
     time.sleep(1.0)  # the backends that ended have flushed their statistics
     retried = deadlocks_counted(conn) - deadlocks_before
-    in_log = deadlock_lines(log_path, log_from, dbname)
+    prefix = conn.execute("show log_line_prefix").fetchone()
+    names_db = prefix is not None and "%d" in prefix["log_line_prefix"]
+    in_log = deadlock_lines(log_path, log_from, dbname if names_db else None)
     conn.close()
     runner_errors = [e for loop in loops for e in loop.errors]
     deadlocks_reported = (

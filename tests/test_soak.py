@@ -7,11 +7,14 @@ promise DESIGN makes for tasks under races must hold at once (issue 20)."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 
 from bench.soak import Options, soak
+from worker import db
+from worker.queue import Queue
 
 
 @pytest.mark.slow
@@ -52,3 +55,40 @@ def test_ordered_keys_stay_in_order_and_nothing_runs_twice_or_strands_under_kill
     assert inv["no_deadlock_reported"], (result["deadlock_lines"], result["errors_answered"])
     assert inv["no_errors_answered"], (result["errors_answered"], result["run_batch_errors"])
     assert result["held"]
+
+
+# -- what the soak found, pinned alone -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("run_ends", ["reported", "lease_expired"])
+def test_a_job_enqueued_behind_a_head_cancelled_while_it_runs_gets_its_turn_when_the_run_stops(
+    db_url: str, run_ends: str
+) -> None:
+    # Regression (bench/soak.py): seq 1 runs and is cancelled; seq 2 is enqueued while the
+    # cancelled run still holds the key, so it gets no message; when the run stopped (its worker
+    # reported, or its invocation was killed and the lease ran out) nothing sent it one, and
+    # the rest of the key stayed pending for good.
+    with db.connect(db_url) as conn:
+        q = Queue(conn)
+        (head,) = q.enqueue_jobs([{"task": "echo", "ordering_key": "k", "sequence": 1}], "g")
+        lease_s = 2 if run_ends == "lease_expired" else 120
+        (job,) = q.claim("w1", 1, lease_s).jobs
+        assert job.id == head["job_id"]
+        assert q.cancel_jobs([job.id]) == 1
+        (nxt,) = q.enqueue_jobs([{"task": "echo", "ordering_key": "k", "sequence": 2}], "g")
+        assert nxt["created"]
+        # While the cancelled run may still go, the key is held: seq 2 must not start beside it.
+        assert q.claim("w2", 1, 60).jobs == []
+        if run_ends == "reported":
+            assert q.complete("w1", [{"job_id": job.id, "msg_id": job.msg_id}]) == 0
+        else:
+            time.sleep(lease_s + 0.5)  # the invocation was killed: its lease runs out
+        claimed: list[int] = []
+        deadline = time.monotonic() + 5
+        while not claimed and time.monotonic() < deadline:
+            claimed = [j.id for j in q.claim("w2", 1, 60).jobs]
+            time.sleep(0.2)
+        row = conn.execute(
+            "select status, msg_id from thumbq.jobs where id = %s", [nxt["job_id"]]
+        ).fetchone()
+        assert claimed == [nxt["job_id"]], row

@@ -97,8 +97,11 @@ class MemoryLimitExceeded(ThumbqError):
 def render(data: bytes, declared_type: str | None, opts: RenderOptions) -> Thumbnail:
     """Make thumbnails of `data`, choosing the renderer from its magic bytes, not `declared_type`.
 
-    Raises ThumbqError with a stable code for empty, oversized, unsupported or damaged input.
+    Raises ThumbqError with a stable code for empty, oversized, unsupported or damaged input,
+    ValueError for options no file could satisfy (checked first: they are not the file's fault).
     """
+    if opts.format not in FORMATS:
+        raise ValueError(f"unknown thumbnail format {opts.format!r}")
     if not data:
         raise ThumbqError(CORRUPT_INPUT, "file is empty")
     if len(data) > opts.max_bytes:
@@ -141,8 +144,8 @@ def render(data: bytes, declared_type: str | None, opts: RenderOptions) -> Thumb
             raise ThumbqError(ENCRYPTED_INPUT, "this Office document is protected by a password")
     except MemoryError:
         raise MemoryLimitExceeded(detected or "file") from None
-    except ThumbqError:
-        raise
+    except (ThumbqError, AssertionError):
+        raise  # classified already; or this code's own broken promise, not the file's
     except Exception as exc:
         # The format modules classify what their decoders raise; anything a decoder raises
         # beyond that is still this file's doing (a malformed structure no check foresaw), and

@@ -20,7 +20,7 @@ import pytest
 from tests import pgbouncer
 from tests.liveapp import put_samples
 from tests.pgtools import require
-from worker import db
+from worker import db, ratelimit
 from worker.batch import render_options, run_batch
 from worker.config import Config
 from worker.queue import Queue
@@ -172,7 +172,7 @@ def test_a_bounded_call_is_cut_through_pgbouncer_and_leaves_no_setting_behind(
             )
             started = time.monotonic()
             with pytest.raises(db.DeadlineExceeded):
-                Queue(a).claim("w", 1, 30, bound=db.Bound(300))
+                ratelimit.take(a, "thumbnail_generation", 1, bound=db.Bound(300))
             waited = time.monotonic() - started
         assert 0.25 <= waited <= 1.5, waited
         seen = set()

@@ -1088,8 +1088,13 @@ def cmd_jobs_enqueue(rt: Runtime, args: argparse.Namespace) -> int:
 def cmd_jobs_show(rt: Runtime, args: argparse.Namespace) -> int:
     from worker.jobs import get
 
+    from worker.storage import open_storage
+    from worker.urls import UrlSigner
+
+    # With THUMBQ_SIGNED_URL_TTL_S, the same thumbnail URLs as GET /api/jobs/<id>.
+    signer = UrlSigner.for_config(rt.config, open_storage(rt.config), rt.config.api_url)
     with _connect(rt, readonly=True) as conn, _read_only(conn):
-        job = get(conn, args.job_id)
+        job = get(conn, args.job_id, signer)
     if job is None:
         raise CliError(f"no job {args.job_id}")
     print_json(job)

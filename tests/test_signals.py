@@ -15,6 +15,7 @@ import signal
 import subprocess
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -262,16 +263,15 @@ def test_a_signal_to_thumbq_serve_ends_the_batch_in_flight_cleanly(
         answers: list[Any] = []
 
         def batch() -> None:
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{port}/api/thumbnails/batch-generate",
+                data=b"{}",
+                headers={"Content-Type": "application/json", "Authorization": f"Bearer {SECRET}"},
+                method="POST",
+            )
             try:
-                answers.append(
-                    call(
-                        "POST",
-                        f"http://127.0.0.1:{port}/api/thumbnails/batch-generate",
-                        SECRET,
-                        {},
-                        timeout=90,
-                    )
-                )
+                with urllib.request.urlopen(req, timeout=90) as resp:
+                    answers.append((resp.status, json.loads(resp.read())))
             except OSError as exc:  # the server closed the connection on its way out
                 answers.append(exc)
 
@@ -285,6 +285,10 @@ def test_a_signal_to_thumbq_serve_ends_the_batch_in_flight_cleanly(
     # left to finish everything.
     assert took < EXIT_WITHIN_S, (took, proc.output)
     _assert_clean(tmp_path, db_url, "sv/", tree)
+    # The batch in flight ended early and answered, as a batch out of time does.
+    ((status, body),) = answers
+    assert status == 200, answers
+    assert body["stopped_reason"] == "time_budget" and body["remaining"] > 0, body
     assert code == 0, proc.output
     assert "thumbq: stopped" in proc.output and "Traceback" not in proc.output, proc.output
 

@@ -859,18 +859,25 @@ def _serve_granian(config: Config, host: str, port: int, threads: int) -> int:
         log_access=False,
     )
     # granian keeps SIGINT and SIGTERM for itself: pass the stop on to its worker first, so
-    # that a batch in flight there ends within its grace before granian stops the worker.
+    # that a batch in flight there ends within its grace, and only then let granian stop the
+    # worker. Not both at once: two signals in a row can land on a thread other than the one
+    # that runs Python's handlers, and then neither runs (seen: the worker served on, 30 s).
     interrupt = server.signal_handler_interrupt
+    relayed: list[bool] = []
 
     def stop_worker_then_granian(*args: Any, **kwargs: Any) -> None:
         import contextlib
         import multiprocessing
         import signal
 
+        if relayed:  # a second signal: granian's own stop at once
+            interrupt(*args, **kwargs)
+            return
+        relayed.append(True)
         for child in multiprocessing.active_children():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child.pid or 0, signal.SIGUSR1)
-        interrupt(*args, **kwargs)
+        threading.Timer(stopping.GRACE_S + 0.5, interrupt, args, kwargs).start()
 
     server.signal_handler_interrupt = stop_worker_then_granian  # type: ignore[method-assign]
     server.serve()

@@ -43,6 +43,7 @@ from worker.errors import (
 from worker.queue import Queue
 from worker.render import RenderOptions, render
 from worker.render.office import OfficeConverter, _soffice_groups, find_soffice
+from worker.render.office_text import document_lines
 from worker.render.process import RenderPool
 from worker.render.sniff import CUR, DOC, ICO, ODG, OLE2, PPT, RTF, XLS, sniff
 from worker.service import enqueue
@@ -492,3 +493,20 @@ def test_every_new_format_ends_with_thumbnails_through_a_batch(
             assert sorted(job["thumbnails"], key=int) == [str(s) for s in SIZES], name
             data, info = storage.get(job["thumbnails"]["512"])
             assert info.content_type == "image/webp" and max(decode(data).size) <= 512
+
+
+def test_the_degraded_words_of_a_deck_are_those_of_its_first_slide_in_show_order() -> None:
+    from pptx import Presentation
+
+    deck = Presentation()
+    for title in ("Shown second", "Shown first"):
+        deck.slides.add_slide(deck.slide_layouts[0]).shapes.title.text = title
+    slide_ids = deck.slides._sldIdLst
+    slide_ids.insert(0, slide_ids[-1])  # slide2.xml is now the first one shown
+    out = io.BytesIO()
+    deck.save(out)
+    lines = document_lines(out.getvalue(), fc.PPTX)
+    assert lines[0] == "Shown first"
+    thumb = render(out.getvalue(), None, RenderOptions(sizes=SIZES, degraded=True))
+    img = decode(thumb.data)
+    assert thumb.degraded and img.width > img.height and 0.0005 < ink(img) < 0.3

@@ -53,6 +53,8 @@ _PARAGRAPH_END = re.compile(
     rb"</(?:w:p|a:p|text:p|text:h|si|c)>|<(?:w:br|a:br|text:line-break)\b[^>]*/>"
 )
 _TAG = re.compile(rb"<[^>]*>")
+# Elements whose content is an identifier, not words (a table's style GUID, field code names).
+_NOT_TEXT = re.compile(rb"<(a:tableStyleId|w:instrText)\b[^>]*>.*?</\1>", re.S)
 _RTF_TOKEN = re.compile(
     rb"\\([a-z]+)(-?\d+)? ?|\\'([0-9a-f]{2})|\\(.)|([{}])|([^\\{}]+)", re.I | re.S
 )
@@ -133,6 +135,8 @@ def _wrap(line: str, font: ImageFont.FreeTypeFont | ImageFont.ImageFont, width: 
 
 def _part(data: bytes, names: tuple[str, ...]) -> bytes:
     with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        if names == _PARTS[PPTX]:
+            names = (*_first_slide(archive), *names)
         for name in names:
             try:
                 info = archive.getinfo(name)
@@ -143,7 +147,29 @@ def _part(data: bytes, names: tuple[str, ...]) -> bytes:
     return b""
 
 
+def _first_slide(archive: zipfile.ZipFile) -> tuple[str, ...]:
+    """The part of a deck's first slide in show order (the first of presentation.xml's slide
+    list), which need not be slide1.xml; () when it cannot be read."""
+    try:
+        with archive.open("ppt/presentation.xml") as part:
+            presentation = part.read(MAX_MARKUP_BYTES)
+        with archive.open("ppt/_rels/presentation.xml.rels") as part:
+            rels = part.read(MAX_MARKUP_BYTES)
+    except KeyError:
+        return ()
+    first = re.search(rb"<p:sldId\b[^>]*\br:id=\"([^\"]+)\"", presentation)
+    if first is None:
+        return ()
+    for rel in re.finditer(rb"<Relationship\b[^>]*>", rels):
+        if re.search(rb'\bId="' + re.escape(first.group(1)) + rb'"', rel.group(0)):
+            target = re.search(rb'\bTarget="([^"]+)"', rel.group(0))
+            if target is not None:
+                return ("ppt/" + target.group(1).decode("utf-8", "replace").lstrip("/"),)
+    return ()
+
+
 def _markup_text(markup: bytes) -> str:
+    markup = _NOT_TEXT.sub(b"", markup)
     paragraphs = _PARAGRAPH_END.split(markup)
     text = "\n".join(_TAG.sub(b"", p).decode("utf-8", "replace") for p in paragraphs)
     return html.unescape(text)

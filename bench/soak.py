@@ -15,7 +15,8 @@ acting, lets the invocations drain every job, and checks:
 - every key's runs are strictly in sequence order (a sequence runs again only after a run of it
   was killed) and never overlap, and no job runs twice at once (a run killed with its
   invocation ends at the kill; one with no end line otherwise ends at its deadline);
-- every job is terminal;
+- every job is terminal, and none failed (the handler never fails, every file is a valid PNG,
+  and one kill a minute cannot take three 23 s leases of one job);
 - no deadlock is reported: none in the answers, none in the run-batch output, and no `deadlock
   detected` error of this database in the Postgres server's log in the window (a deadlock
   retried inside a transition is counted apart, from pg_stat_database, as `deadlocks_retried`);
@@ -509,6 +510,10 @@ def check(runs: list[dict[str, Any]], conn: db.Conn) -> dict[str, Any]:
     failed = conn.execute(
         "select error_code, count(*) as n from thumbq.jobs where status = 'failed' group by 1"
     ).fetchall()
+    failed_jobs = conn.execute(
+        "select id, task, ordering_key, sequence, error_code, left(last_error, 200) as last_error,"
+        " attempts, worker_id from thumbq.jobs where status = 'failed' order by id limit 10"
+    ).fetchall()
     # The database's view of each key: completions follow the sequence.
     db_order = conn.execute(
         "select ordering_key, array_agg(sequence order by completed_at, id) as seqs"
@@ -527,6 +532,7 @@ def check(runs: list[dict[str, Any]], conn: db.Conn) -> dict[str, Any]:
         "jobs_run_more_than_once": sum(1 for rs in by_job.values() if len(rs) > 1),
         "statuses": statuses,
         "failed_by_code": {r["error_code"]: r["n"] for r in failed},
+        "failed_jobs": [dict(r) for r in failed_jobs],
         "out_of_order": out_of_order[:10],
         "out_of_order_count": len(out_of_order),
         "completed_out_of_order_in_db": db_out_of_order[:10],
@@ -675,6 +681,9 @@ def soak(opts: Options) -> dict[str, Any]:
         "no_overlap_within_a_key": checked["overlaps_within_a_key_count"] == 0,
         "no_job_run_twice_at_once": checked["jobs_run_twice_at_once_count"] == 0,
         "every_job_terminal": checked["not_terminal_count"] == 0,
+        # Nothing lost: the handler never fails and every file is a valid PNG; a kill a minute
+        # cannot take three 23 s leases of one job.
+        "no_job_failed": not checked["failed_by_code"],
         "no_deadlock_reported": deadlocks_reported == 0,
         "no_errors_answered": not api.errors and not runner_errors,
     }

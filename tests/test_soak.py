@@ -52,6 +52,7 @@ def test_ordered_keys_stay_in_order_and_nothing_runs_twice_or_strands_under_kill
         result["keys_not_terminal"],
         result["left_unfinished_at_drain_end"],
     )
+    assert inv["no_job_failed"], result["failed_jobs"]
     assert inv["no_deadlock_reported"], (result["deadlock_lines"], result["errors_answered"])
     assert inv["no_errors_answered"], (result["errors_answered"], result["run_batch_errors"])
     assert result["held"]

@@ -1585,7 +1585,8 @@ $$;
 
 -- Record finished jobs: p_results is a JSON array of {"job_id", "msg_id", "thumbnail_key"?,
 -- "thumbnail_content_type"?, "width"?, "height"?, "bytes"?, "duration_ms"?, "source_type"?,
--- "thumbnails"?, "thumbhash"?, "dominant_color"?, "degraded"?, "result"?}. Only jobs still
+-- "thumbnails"?, "thumbhash"?, "dominant_color"?, "degraded"?, "result"?, "progress_done"?}.
+-- Only jobs still
 -- leased by p_worker_id under that message change; their messages are deleted, and the next
 -- job of each ordering key gets its message. A report on a job cancelled while it ran ends
 -- that run's lease (its key's next job may go now). One row per job: `completed`,
@@ -1643,14 +1644,15 @@ begin
                thumbnails = r.thumbnails, thumbhash = r.thumbhash,
                dominant_color = r.dominant_color, degraded = coalesce(r.degraded, false),
                result = r.result,
-               progress_done = coalesce(j.progress_total, j.progress_done),
+               -- Done means all of it where the total is known, else as far as it reported.
+               progress_done = coalesce(j.progress_total, r.progress_done, j.progress_done),
                completed_at = clock_timestamp(), updated_at = clock_timestamp(),
                lease_expires_at = null, msg_id = null
           from jsonb_to_recordset(p_results)
             as r(job_id bigint, thumbnail_key text, thumbnail_content_type text, width integer,
                  height integer, bytes bigint, duration_ms integer, source_type text,
                  thumbnails jsonb, thumbhash text, dominant_color text, degraded boolean,
-                 result jsonb)
+                 result jsonb, progress_done bigint)
          where j.id = any(v_ids) and j.id = r.job_id;
       end if;
       return query

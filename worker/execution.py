@@ -60,7 +60,6 @@ class _TaskBackend:
         self.recorder = recorder
         self.job = job
         self.checkpointed = False  # a checkpoint with a new state was written in this run
-        self.progress: tuple[int, int | None] | None = None  # the last progress written
         self._keeper: Keeper | None = None
 
     def save(self, state: Any | None, done: int | None, total: int | None) -> bool:
@@ -71,8 +70,6 @@ class _TaskBackend:
             saved = self.recorder.save(self.job, state, done, total)
         if saved and state is not None:
             self.checkpointed = True
-        if saved and done is not None:
-            self.progress = (done, total)
         return saved
 
     def cancelled(self) -> bool:
@@ -280,11 +277,6 @@ class Executor:
             return self.recorder.failure(job, ending.failure)
         if ending.checkpoint:
             return self.recorder.checkpointed(job, ending.value, ending.progress)
-        last = ending.progress
-        if last is not None and last[1] is None and last != backend.progress:
-            # The last progress goes with the outcome: a completion fills in the total, and
-            # with no total only this write shows how far the handler got.
-            backend.save(None, *last)
         ms = (time.monotonic() - started) * 1000
         self.predictor.observe(*job_kind(job), ms)
         self.recorder.done(
@@ -293,6 +285,9 @@ class Executor:
                 "msg_id": job.msg_id,
                 "result": ending.value,
                 "duration_ms": round(ms),
+                # The last progress goes with the outcome (with no total, it says how far the
+                # handler got).
+                "progress_done": None if ending.progress is None else ending.progress[0],
             }
         )
         return "succeeded"

@@ -232,17 +232,13 @@ class Keeper:
                 )
                 outcome = "checkpointed" if r.get("owned") else "skipped"
             else:
-                if ending.progress is not None and ending.progress[1] is None:
-                    # As Executor does: with no total, the last progress is written first.
-                    queue.checkpoint(
-                        k.worker_id, job, None, ending.progress[0], None, requeue=False, bound=call
-                    )
                 ms = round((time.monotonic() - k.handler.started) * 1000)
                 record = {
                     "job_id": job.id,
                     "msg_id": job.msg_id,
                     "result": ending.value,
                     "duration_ms": ms,
+                    "progress_done": None if ending.progress is None else ending.progress[0],
                 }
                 if queue.complete(k.worker_id, [record], bound=call):
                     outcome = "succeeded"

@@ -13,6 +13,7 @@ anything malformed raises `Malformed`.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"
@@ -76,7 +77,7 @@ class CompoundFile:
         for s in fat_sectors[:n_fat]:
             fat += self._sector_bytes(s)
         self.fat = memoryview(bytes(fat)).cast("I") if len(fat) % 4 == 0 else memoryview(b"")
-        directory = self._chain_bytes(first_dir, self.fat, self.sector, self._sector_bytes)
+        directory = self._chain_bytes(first_dir, self.fat, self._sector_bytes)
         self.entries: list[Entry] = []
         for pos in range(0, min(len(directory), MAX_ENTRIES * 128) - 127, 128):
             name_len, kind = struct.unpack_from("<HB", directory, pos + 0x40)
@@ -91,11 +92,11 @@ class CompoundFile:
         self._mini_stream = b""
         self.minifat = memoryview(b"")
         if root is not None and first_minifat < self.sectors:
-            minifat = self._chain_bytes(first_minifat, self.fat, self.sector, self._sector_bytes)
+            minifat = self._chain_bytes(first_minifat, self.fat, self._sector_bytes)
             self.minifat = memoryview(minifat[: len(minifat) // 4 * 4]).cast("I")
-            self._mini_stream = self._chain_bytes(
-                root.start, self.fat, self.sector, self._sector_bytes
-            )[: root.size]
+            self._mini_stream = self._chain_bytes(root.start, self.fat, self._sector_bytes)[
+                : root.size
+            ]
 
     def names(self) -> set[str]:
         """The names of every stream and storage."""
@@ -108,9 +109,9 @@ class CompoundFile:
             raise Malformed(f"no stream {name!r}")
         want = min(entry.size, limit)
         if entry.size < self.mini_cutoff:
-            data = self._chain_bytes(entry.start, self.minifat, self.mini_sector, self._mini, want)
+            data = self._chain_bytes(entry.start, self.minifat, self._mini, want)
         else:
-            data = self._chain_bytes(entry.start, self.fat, self.sector, self._sector_bytes, want)
+            data = self._chain_bytes(entry.start, self.fat, self._sector_bytes, want)
         return data[:want]
 
     # -- internals ----------------------------------------------------------------------------
@@ -127,10 +128,13 @@ class CompoundFile:
         return self._mini_stream[start : start + self.mini_sector]
 
     def _chain_bytes(
-        self, start: int, table: memoryview, unit: int, read: object, limit: int | None = None
+        self,
+        start: int,
+        table: memoryview,
+        read: Callable[[int], bytes],
+        limit: int | None = None,
     ) -> bytes:
         """The sectors of the chain from `start`, each visited at most once."""
-        assert callable(read)
         out = bytearray()
         seen: set[int] = set()
         sector = start

@@ -510,3 +510,23 @@ def test_the_degraded_words_of_a_deck_are_those_of_its_first_slide_in_show_order
     thumb = render(out.getvalue(), None, RenderOptions(sizes=SIZES, degraded=True))
     img = decode(thumb.data)
     assert thumb.degraded and img.width > img.height and 0.0005 < ink(img) < 0.3
+
+
+@pytest.mark.parametrize(
+    ("make", "source_type", "first_words"),
+    [
+        (fc.doc_sample, DOC, "Test"),
+        (fc.xls_sample, XLS, "This spreadsheet contains an embedded object"),
+        (fc.pps_sample, PPT, "Test"),
+        (lambda: fc.rtf_letter(3), RTF, "Report"),
+    ],
+    ids=["doc", "xls", "pps", "rtf"],
+)
+def test_a_legacy_documents_degraded_render_shows_its_first_words(
+    make: object, source_type: str, first_words: str
+) -> None:
+    assert callable(make)
+    data = make()
+    assert document_lines(data, source_type)[0] == first_words
+    thumb = render(data, None, RenderOptions(sizes=SIZES, degraded=True))
+    assert thumb.degraded and 0.0005 < ink(decode(thumb.data)) < 0.3

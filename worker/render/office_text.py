@@ -4,9 +4,8 @@ that carries no embedded thumbnail: its first words, drawn on a page of its shap
 The words come straight from the file, bounded (a few hundred KB of markup read, a few thousand
 characters kept): the main XML part of OOXML and ODF, RTF with its control words stripped, a
 Word 97 file's text (at the offset its FIB gives), a PowerPoint file's text atoms. Layout,
-pictures and styles are not shown; the thumbnail is marked `degraded`. A spreadsheet in the
-legacy binary format has no such path (its strings are spread over continued records): it keeps
-LibreOffice's `render_timeout`.
+pictures and styles are not shown; the thumbnail is marked `degraded`. A legacy spreadsheet
+shows the strings of its shared string table (BIFF8) in the order they were first used.
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ from worker.render.sniff import (
     PPT,
     PPTX,
     RTF,
+    XLS,
     XLSX,
 )
 
@@ -80,6 +80,8 @@ def document_lines(data: bytes, source_type: str) -> list[str]:
             text = _word_text(data)
         elif source_type == PPT:
             text = _powerpoint_text(data)
+        elif source_type == XLS:
+            text = _excel_text(data)
         else:
             return []
     except (
@@ -89,6 +91,7 @@ def document_lines(data: bytes, source_type: str) -> list[str]:
         EOFError,
         struct.error,
         KeyError,
+        IndexError,
         NotImplementedError,
         RuntimeError,  # zipfile: an encrypted part
         zlib.error,
@@ -245,3 +248,61 @@ def _powerpoint_text(data: bytes) -> str:
         if sum(map(len, parts)) > MAX_CHARS:
             break
     return "\n".join(parts).replace("\r", "\n")
+
+
+def _excel_text(data: bytes) -> str:
+    """The shared strings of an Excel 97-2003 workbook (its SST record and the CONTINUE records
+    that carry it on; each continuation of a string's characters restarts with a flags byte)."""
+    from worker.render import ole2
+
+    compound = ole2.CompoundFile(data)
+    names = compound.names()
+    book = compound.stream("Workbook" if "Workbook" in names else "Book", 8 * 1024 * 1024)
+    pieces: list[bytes] = []
+    pos = 0
+    while pos + 4 <= len(book):
+        kind, length = struct.unpack_from("<HH", book, pos)
+        body = book[pos + 4 : pos + 4 + length]
+        if kind == 0x00FC or (kind == 0x003C and pieces):
+            pieces.append(body)
+        elif pieces:
+            break
+        pos += 4 + length
+    if not pieces:
+        return ""
+    strings: list[str] = []
+    piece, at = 0, 8  # past cstTotal and cstUnique
+    (unique,) = struct.unpack_from("<I", pieces[0], 4)
+    while len(strings) < unique and sum(map(len, strings)) < MAX_CHARS and piece < len(pieces):
+        if at >= len(pieces[piece]):
+            piece, at = piece + 1, 0
+            if piece >= len(pieces):
+                break
+        block = pieces[piece]
+        count, flags = struct.unpack_from("<HB", block, at)
+        at += 3
+        runs = struct.unpack_from("<H", block, at)[0] if flags & 0x08 else 0
+        at += 2 if flags & 0x08 else 0
+        extra = struct.unpack_from("<I", block, at)[0] if flags & 0x04 else 0
+        at += 4 if flags & 0x04 else 0
+        chars: list[str] = []
+        wide = bool(flags & 0x01)
+        while len(chars) < count:
+            if at >= len(pieces[piece]):
+                piece += 1
+                if piece >= len(pieces):
+                    break
+                wide, at = bool(pieces[piece][0] & 0x01), 1
+            block = pieces[piece]
+            take = min(count - len(chars), (len(block) - at) // (2 if wide else 1))
+            raw = block[at : at + take * (2 if wide else 1)]
+            chars.extend(raw.decode("utf-16-le" if wide else "latin-1", "replace"))
+            at += len(raw)
+            if take == 0:
+                break
+        strings.append("".join(chars))
+        at += 4 * runs + extra  # formatting runs and phonetic data, which may cross a block
+        while piece < len(pieces) and at > len(pieces[piece]):
+            at -= len(pieces[piece])
+            piece += 1
+    return "\n".join(strings)

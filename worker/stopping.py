@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from worker import db
@@ -140,13 +140,11 @@ class BatchStop:
         pool: RenderPool,
         *,
         grace_s: float = GRACE_S,
-        on_stop: Callable[[], None] | None = None,
     ) -> None:
         self.stop = stop
         self.budget = budget
         self.pool = pool
         self.grace_s = grace_s
-        self.on_stop = on_stop
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="thumbq-stop", daemon=True)
 
@@ -164,8 +162,6 @@ class BatchStop:
                 return
         budget = self.budget
         budget.deadline = min(budget.deadline, budget.clock() + self.grace_s)
-        if self.on_stop is not None:
-            self.on_stop()
         log_event(
             "batch_stopping",
             signal=getattr(self.stop, "signal", None),

@@ -27,6 +27,7 @@ import pytest
 from PIL import Image
 
 from bench.corpus import BLUE, RED
+from tests import archive_corpus as ac
 from tests import formats_corpus as fc
 from tests.httpstub import HttpStub
 from tests.pgtools import requires
@@ -61,7 +62,7 @@ def pool() -> Iterator[RenderPool]:
         yield p
 
 
-fixture = fc.fixture
+fixture = ac.fixture
 
 
 def decode(data: bytes) -> Image.Image:
@@ -110,7 +111,7 @@ def test_legacy_binary_office_documents_are_drawn_by_libreoffice(
 
 @requires(SOFFICE is not None, NO_SOFFICE)
 def test_an_rtf_letter_is_drawn_by_libreoffice(pool: RenderPool) -> None:
-    thumb = pool.render(b"\xef\xbb\xbf" + fc.rtf_letter(), "text/plain", timeout_s=60)
+    thumb = pool.render(b"\xef\xbb\xbf" + ac.rtf_letter(), "text/plain", timeout_s=60)
     img = decode(thumb.data)
     assert thumb.source_type == RTF and img.height > img.width
     assert 0.0005 < ink(img) < 0.5
@@ -118,7 +119,7 @@ def test_an_rtf_letter_is_drawn_by_libreoffice(pool: RenderPool) -> None:
 
 @pytest.mark.parametrize(
     "make",
-    [fc.encrypted_doc, fc.encrypted_xls, fc.encrypted_ppt, fc.encrypted_ooxml, fc.odt_encrypted],
+    [ac.encrypted_doc, ac.encrypted_xls, ac.encrypted_ppt, ac.encrypted_ooxml, ac.odt_encrypted],
 )
 @pytest.mark.parametrize("soffice", [None, SOFFICE], ids=["embedded", "libreoffice"])
 def test_a_password_protected_office_document_ends_encrypted_input(
@@ -136,12 +137,12 @@ def test_a_password_protected_office_document_ends_encrypted_input(
 
 
 def test_without_libreoffice_a_legacy_document_shows_its_summary_thumbnail() -> None:
-    thumb = render(fc.doc_with_summary_thumbnail(), None, RenderOptions(sizes=SIZES))
+    thumb = render(ac.doc_with_summary_thumbnail(), None, RenderOptions(sizes=SIZES))
     img = decode(thumb.data)
     assert thumb.source_type == DOC and img.size == (64, 48)  # never enlarged
     assert has_colour(img, RED) and has_colour(img, BLUE)
     with pytest.raises(ThumbqError) as info:
-        render(fc.rtf_letter(), None, RenderOptions(sizes=SIZES))
+        render(ac.rtf_letter(), None, RenderOptions(sizes=SIZES))
     assert info.value.code == UNSUPPORTED_TYPE
     assert "LibreOffice (soffice) is not installed" in info.value.message
 
@@ -151,14 +152,14 @@ def test_a_legacy_document_whose_conversion_overruns_shows_its_summary_thumbnail
     # A fresh pool: LibreOffice's start alone overruns the first share of the window.
     with RenderPool(OPTS, workers=1, memory_limit_mb=320) as fresh:
         thumb = fresh.render(
-            fc.doc_with_summary_thumbnail(), None, timeout_s=10, degrade_after_s=0.3
+            ac.doc_with_summary_thumbnail(), None, timeout_s=10, degrade_after_s=0.3
         )
     img = decode(thumb.data)
     assert thumb.degraded and has_colour(img, RED) and has_colour(img, BLUE)
 
 
 def test_an_ole2_file_that_is_not_an_office_document_is_unsupported_and_named() -> None:
-    data = fc.ole2_file({"__substg1.0_0037001F": "Subject".encode("utf-16-le")})
+    data = ac.ole2_file({"__substg1.0_0037001F": "Subject".encode("utf-16-le")})
     assert sniff(data) == OLE2
     with pytest.raises(ThumbqError) as info:
         render(data, "application/vnd.ms-outlook", RenderOptions())
@@ -177,7 +178,7 @@ def test_a_damaged_compound_file_is_no_office_document() -> None:
 @pytest.mark.parametrize("bitmap_format", ["png", "bmp"])
 @pytest.mark.parametrize("cursor", [False, True], ids=["ico", "cur"])
 def test_an_icon_or_cursor_gives_its_largest_image(bitmap_format: str, cursor: bool) -> None:
-    data = fc.icon((16, 48, 256), bitmap_format=bitmap_format, cursor=cursor)
+    data = ac.icon((16, 48, 256), bitmap_format=bitmap_format, cursor=cursor)
     thumb = render(data, "application/octet-stream", RenderOptions(sizes=SIZES))
     assert thumb.source_type == (CUR if cursor else ICO)
     assert (thumb.width, thumb.height) == (256, 256)  # the 256 entry, never enlarged to 512
@@ -186,7 +187,7 @@ def test_an_icon_or_cursor_gives_its_largest_image(bitmap_format: str, cursor: b
 
 
 def test_a_damaged_icon_is_corrupt_input_and_a_huge_one_too_large() -> None:
-    data = fc.icon((16, 32))
+    data = ac.icon((16, 32))
     with pytest.raises(ThumbqError) as info:
         render(data[:40], None, RenderOptions())
     assert info.value.code == CORRUPT_INPUT
@@ -223,17 +224,17 @@ EMBEDDED = {
     ),
     "bmp": lambda: f"data:image/bmp;base64,{_b64(_as('BMP'))}",
     "no_type": lambda: f"data:;base64,{_b64(fc.quadrant_png(40, 40))}",
-    "svg": lambda: f"data:image/svg+xml;base64,{_b64(fc.svg_red_square())}",
-    "svgz": lambda: f"data:image/svg+xml;base64,{_b64(gzip.compress(fc.svg_red_square()))}",
+    "svg": lambda: f"data:image/svg+xml;base64,{_b64(ac.svg_red_square())}",
+    "svgz": lambda: f"data:image/svg+xml;base64,{_b64(gzip.compress(ac.svg_red_square()))}",
     "svg_percent": lambda: (
-        "data:image/svg+xml;utf8," + urllib.parse.quote(fc.svg_red_square().decode())
+        "data:image/svg+xml;utf8," + urllib.parse.quote(ac.svg_red_square().decode())
     ),
 }
 
 
 @pytest.mark.parametrize("name", list(EMBEDDED))
 def test_an_svg_shows_the_picture_embedded_in_a_data_uri(name: str) -> None:
-    thumb = render(fc.svg_embedding(EMBEDDED[name]()), None, RenderOptions(sizes=SIZES))
+    thumb = render(ac.svg_embedding(EMBEDDED[name]()), None, RenderOptions(sizes=SIZES))
     img = decode(thumb.data)
     # The picture's red quarter fills the drawing's top-left quarter.
     assert has_colour(img.crop((0, 0, 200, 200)), RED, tolerance=30)
@@ -254,13 +255,13 @@ def test_an_svg_embedded_in_an_svg_still_fetches_nothing_and_reads_no_file(
     secret = tmp_path / "secret.png"
     Image.new("RGB", (50, 50), BLUE).save(secret)
     file_image = f'<image href="{secret}" width="40" height="40"/>'
-    inner = fc.svg_red_square(
+    inner = ac.svg_red_square(
         file_image + f'<image xlink:href="file://{secret}" width="40" height="40"/>'
         f'<image href="{http_recorder.url}/remote.png" width="40" height="40"/>'
         # One level deeper, the same again.
-        f'<image href="data:image/svg+xml;base64,{_b64(fc.svg_red_square(file_image))}"/>'
+        f'<image href="data:image/svg+xml;base64,{_b64(ac.svg_red_square(file_image))}"/>'
     )
-    svg = fc.svg_embedding(f"data:image/svg+xml;base64,{_b64(gzip.compress(inner))}")
+    svg = ac.svg_embedding(f"data:image/svg+xml;base64,{_b64(gzip.compress(inner))}")
     img = decode(render(svg, None, RenderOptions()).data)
     assert has_colour(img, RED) and not has_colour(img, BLUE), "a file was read"
     time.sleep(0.2)
@@ -271,7 +272,7 @@ def test_an_svg_whose_filter_cannot_finish_gets_a_render_without_filters(
     pool: RenderPool,
 ) -> None:
     started = time.monotonic()
-    thumb = pool.render(fc.svg_slow_filter(), None, timeout_s=15, degrade_after_s=1.0)
+    thumb = pool.render(ac.svg_slow_filter(), None, timeout_s=15, degrade_after_s=1.0)
     assert thumb.degraded and time.monotonic() - started < 15
     img = decode(thumb.data)
     assert has_colour(img, RED) and has_colour(img, BLUE)
@@ -290,30 +291,30 @@ def grey_of(data: bytes) -> tuple[int, int, int]:
     return img.getpixel((img.width // 2, img.height // 2))  # type: ignore[return-value]
 
 
-@pytest.mark.parametrize("matrix", [fc.BT2020_CL, fc.ICTCP], ids=["bt2020_cl", "ictcp"])
+@pytest.mark.parametrize("matrix", [ac.BT2020_CL, ac.ICTCP], ids=["bt2020_cl", "ictcp"])
 def test_an_hdr_avif_whose_yuv_libavif_cannot_convert_still_gets_a_thumbnail(matrix: int) -> None:
     # libavif: "Conversion from YUV failed: Reformat failed", which ended `internal`.
-    grey = grey_of(fc.grey_avif(PQ_REFERENCE_WHITE, transfer=fc.PQ_TRANSFER, matrix=matrix))
+    grey = grey_of(ac.grey_avif(PQ_REFERENCE_WHITE, transfer=ac.PQ_TRANSFER, matrix=matrix))
     assert max(grey) - min(grey) <= 12 and min(grey) >= 190, grey
 
 
 @pytest.mark.parametrize(
     "make",
     [
-        lambda v, t: fc.grey_avif(v, transfer=t, matrix=fc.BT2020_NCL),
-        lambda v, t: fc.grey_heic(v, transfer=t),
-        lambda v, t: fc.grey_heic(v, transfer=t, bits=12),
+        lambda v, t: ac.grey_avif(v, transfer=t, matrix=ac.BT2020_NCL),
+        lambda v, t: ac.grey_heic(v, transfer=t),
+        lambda v, t: ac.grey_heic(v, transfer=t, bits=12),
     ],
     ids=["avif_10bit", "heic_10bit", "heic_12bit"],
 )
 def test_pq_and_hlg_pictures_are_tone_mapped_to_srgb_and_sdr_ones_kept(make: object) -> None:
     assert callable(make)
     # Reference white is near SDR white, not the grey its code value would be if shown as sRGB.
-    assert min(grey_of(make(PQ_REFERENCE_WHITE, fc.PQ_TRANSFER))) >= 190
-    assert min(grey_of(make(HLG_REFERENCE_WHITE, fc.HLG_TRANSFER))) >= 190
-    assert max(grey_of(make(0, fc.PQ_TRANSFER))) <= 12
+    assert min(grey_of(make(PQ_REFERENCE_WHITE, ac.PQ_TRANSFER))) >= 190
+    assert min(grey_of(make(HLG_REFERENCE_WHITE, ac.HLG_TRANSFER))) >= 190
+    assert max(grey_of(make(0, ac.PQ_TRANSFER))) <= 12
     # An SDR picture with more bits keeps its tones.
-    assert all(abs(c - 148) <= 8 for c in grey_of(make(148, fc.SDR_TRANSFER)))
+    assert all(abs(c - 148) <= 8 for c in grey_of(make(148, ac.SDR_TRANSFER)))
 
 
 # -- a file's fault is never `internal` ------------------------------------------------------------
@@ -335,11 +336,11 @@ def test_whatever_a_decoder_raises_on_a_file_ends_with_a_permanent_code() -> Non
     # permanent code, never `internal` (the render's boundary classifies what no module foresaw).
     rng = random.Random(22)
     seeds = [
-        fc.icon((16, 48)),
-        fc.icon((16, 32), bitmap_format="bmp", cursor=True),
-        fc.doc_with_summary_thumbnail(),
-        fc.svg_embedding(EMBEDDED["svgz"]()),
-        fc.grey_heic(148, transfer=fc.PQ_TRANSFER),
+        ac.icon((16, 48)),
+        ac.icon((16, 32), bitmap_format="bmp", cursor=True),
+        ac.doc_with_summary_thumbnail(),
+        ac.svg_embedding(EMBEDDED["svgz"]()),
+        ac.grey_heic(148, transfer=ac.PQ_TRANSFER),
         fc.avif_photo(),
         fc.mp4_video(),
         fc.odp_with_embedded_thumbnail(),
@@ -364,7 +365,7 @@ def test_whatever_a_decoder_raises_on_a_file_ends_with_a_permanent_code() -> Non
 @requires(SOFFICE is not None, NO_SOFFICE)
 def test_a_long_rtf_is_drawn_from_its_head_in_seconds(pool: RenderPool) -> None:
     # 40,000 lines (2.4 MB): LibreOffice took 19.5 s to lay all of it out before page 1.
-    data = fc.rtf_letter(40_000)
+    data = ac.rtf_letter(40_000)
     started = time.monotonic()
     thumb = pool.render(data, None, timeout_s=30)
     assert time.monotonic() - started < 10  # LibreOffice's start included
@@ -378,14 +379,14 @@ def test_libreoffice_dying_on_a_document_ends_it_corrupt_input_and_the_next_gets
     assert SOFFICE is not None
     converter = OfficeConverter(SOFFICE)
     try:
-        converter.convert_to_pdf(fc.rtf_letter(), RTF, time.monotonic() + 60)
+        converter.convert_to_pdf(ac.rtf_letter(), RTF, time.monotonic() + 60)
         assert converter._proc is not None
         for group in _soffice_groups(converter._proc.pid):  # soffice dies under the helper
             os.killpg(group, signal.SIGKILL)
         with pytest.raises(ThumbqError) as info:
-            converter.convert_to_pdf(fc.rtf_letter(), RTF, time.monotonic() + 60)
+            converter.convert_to_pdf(ac.rtf_letter(), RTF, time.monotonic() + 60)
         assert info.value.code == CORRUPT_INPUT and "LibreOffice" in info.value.message
-        assert converter.convert_to_pdf(fc.rtf_letter(), RTF, time.monotonic() + 60)
+        assert converter.convert_to_pdf(ac.rtf_letter(), RTF, time.monotonic() + 60)
         assert converter.starts == 2
     finally:
         converter.close()
@@ -464,18 +465,18 @@ def test_every_new_format_ends_with_thumbnails_through_a_batch(
     )
     if SOFFICE is not None:
         # LibreOffice's start (1-2 s, more on a loaded machine) is not what this test is about.
-        pool.render(fc.rtf_letter(), None, timeout_s=60)
+        pool.render(ac.rtf_letter(), None, timeout_s=60)
     storage = open_storage(config)
     expected: dict[str, tuple[str, str | None]] = {}
-    for name, expect in fc.ARCHIVE_FORMATS.items():
+    for name, expect in ac.ARCHIVE_FORMATS.items():
         if expect.needs_soffice and SOFFICE is None:
             continue
         assert callable(expect.make)
         storage.put(f"archive/{name}", expect.make(), "application/octet-stream")
         expected[name] = ("completed", None)
-    storage.put("archive/encrypted_doc", fc.encrypted_doc(), "application/msword")
+    storage.put("archive/encrypted_doc", ac.encrypted_doc(), "application/msword")
     expected["encrypted_doc"] = ("failed", ENCRYPTED_INPUT)
-    storage.put("archive/ole2_message", fc.ole2_file({"__substg1.0_0037001F": b"x"}), None)
+    storage.put("archive/ole2_message", ac.ole2_file({"__substg1.0_0037001F": b"x"}), None)
     expected["ole2_message"] = ("unsupported", UNSUPPORTED_TYPE)
     with db.connect(db_url) as conn:
         enqueue(conn, storage, config, [{"source_key": f"archive/{n}"} for n in expected], "arc")
@@ -515,10 +516,10 @@ def test_the_degraded_words_of_a_deck_are_those_of_its_first_slide_in_show_order
 @pytest.mark.parametrize(
     ("make", "source_type", "first_words"),
     [
-        (fc.doc_sample, DOC, "Test"),
-        (fc.xls_sample, XLS, "This spreadsheet contains an embedded object"),
-        (fc.pps_sample, PPT, "Test"),
-        (lambda: fc.rtf_letter(3), RTF, "Report"),
+        (ac.doc_sample, DOC, "Test"),
+        (ac.xls_sample, XLS, "This spreadsheet contains an embedded object"),
+        (ac.pps_sample, PPT, "Test"),
+        (lambda: ac.rtf_letter(3), RTF, "Report"),
     ],
     ids=["doc", "xls", "pps", "rtf"],
 )

@@ -114,6 +114,15 @@ def test_cover_makes_a_square_of_every_size_and_contain_keeps_the_aspect() -> No
         contain = render(data, None, RenderOptions(sizes=SIZES))
         assert max(contain.width, contain.height) == 512
         assert contain.width != contain.height
+    # Whatever the renderer: HEIC (its size read from its boxes), and SVG and video, whose size
+    # is not read before rendering (fitted into a box twice the square: 2:1 and 16:9 fill it;
+    # the 320x180 clip is not enlarged).
+    from tests import formats_corpus as fc
+
+    for data, shorter in ((fc.heic_photo(), 4096), (fc.svg_drawing(), 4096), (fc.mp4_video(), 180)):
+        cover = render(data, None, RenderOptions(sizes=SIZES, fit="cover"))
+        squares = [(min(s, shorter), min(s, shorter)) for s in SIZES]
+        assert [(r.width, r.height) for r in cover.renditions] == squares
     # A picture smaller than the box is not enlarged: its square is its shorter side.
     cover = render(small.getvalue(), None, RenderOptions(sizes=SIZES, fit="cover"))
     assert [(r.width, r.height) for r in cover.renditions] == [(128, 128), (200, 200), (200, 200)]

@@ -314,3 +314,14 @@ def odt_encrypted() -> bytes:
         {"mimetype": ODT, "content.xml": noise, "META-INF/manifest.xml": manifest},
         stored_first="mimetype",
     )
+
+
+def black_heic_10bit(size: tuple[int, int] = (6000, 4000)) -> bytes:
+    """A 24 MP 10-bit HEIC, all black (x265's fastest preset: about 2 s). libheif needs some
+    150 MB to decode it, beyond what a render process of 160 MB has left."""
+    import pillow_heif
+
+    picture = pillow_heif.from_bytes(mode="RGB;16", size=size, data=bytes(6 * size[0] * size[1]))
+    buf = io.BytesIO()
+    picture.save(buf, format="HEIF", quality=50, enc_params={"preset": "ultrafast"})
+    return buf.getvalue()

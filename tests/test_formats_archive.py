@@ -531,3 +531,15 @@ def test_a_legacy_documents_degraded_render_shows_its_first_words(
     assert document_lines(data, source_type)[0] == first_words
     thumb = render(data, None, RenderOptions(sizes=SIZES, degraded=True))
     assert thumb.degraded and 0.0005 < ink(decode(thumb.data)) < 0.3
+
+
+def test_a_10bit_heic_too_big_for_the_render_memory_is_too_large_not_corrupt() -> None:
+    # libheif: "Memory allocation error: Unspecified: Allocating 48000015 bytes failed", which
+    # ended corrupt_input (pillow-heif's own 33 MP sample guitar_cw90.hif did at 320 MB).
+    data = ac.black_heic_10bit()
+    with (
+        RenderPool(RenderOptions(), workers=1, memory_limit_mb=160) as small,
+        pytest.raises(ThumbqError) as info,
+    ):
+        small.render(data, None, timeout_s=60)
+    assert info.value.code == TOO_LARGE and "memory" in info.value.message

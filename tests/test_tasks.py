@@ -105,7 +105,9 @@ def test_a_long_job_finishes_across_invocations_from_its_checkpoints(
         runs.append(batch(config, conn))
         if runs[-1].succeeded:
             break
-    assert [r.checkpointed for r in runs[:-1]] == [1] * (len(runs) - 1)
+    # Every run before the last checkpointed, or (its cold render process took the window)
+    # handed the job back unstarted: none failed, none used an attempt.
+    assert all(r.checkpointed + r.released == 1 for r in runs[:-1]), runs
     assert len(runs) >= 3 and runs[-1].succeeded == 1
     assert all(r.duration_ms <= 1500 + 300 for r in runs)
     row = job_rows(conn)[0]

@@ -366,9 +366,10 @@ def test_whatever_a_decoder_raises_on_a_file_ends_with_a_permanent_code() -> Non
 def test_a_long_rtf_is_drawn_from_its_head_in_seconds(pool: RenderPool) -> None:
     # 40,000 lines (2.4 MB): LibreOffice took 19.5 s to lay all of it out before page 1.
     data = ac.rtf_letter(40_000)
+    pool.render(ac.rtf_letter(), None, timeout_s=60)  # LibreOffice's start is not measured
     started = time.monotonic()
     thumb = pool.render(data, None, timeout_s=30)
-    assert time.monotonic() - started < 10  # LibreOffice's start included
+    assert time.monotonic() - started < 8
     assert thumb.source_type == RTF and 0.0005 < ink(decode(thumb.data)) < 0.5
 
 

@@ -1915,11 +1915,12 @@ $$;
 
 -- Groups -------------------------------------------------------------------------------------
 
--- Queue a group's failed jobs again with fresh attempts, each with one new message (a job of an
--- ordering key only when it is the key's head), and its unsupported jobs that hold an ordering
--- key (their task may be deployed since); their dead letters are removed.
-create or replace function thumbq.retry_failed(p_group_id text)
-returns integer
+-- Queue jobs again with fresh attempts, each with one new message (a job of an ordering key
+-- only when it is the key's head); their dead letters are removed. Of p_job_ids, only failed
+-- jobs change, and unsupported ones that hold an ordering key (their task may be deployed
+-- since). Returns the ids queued again.
+create or replace function thumbq.requeue_jobs(p_job_ids bigint[])
+returns bigint[]
 language plpgsql
 set jit = off
 as $$
@@ -1930,21 +1931,17 @@ declare
 begin
   loop
     begin
-      perform thumbq.lock_ordering_keys_of(array(
-        select j.id from thumbq.jobs j
-         where j.group_id = p_group_id
-           and (j.status = 'failed'
-                or (j.status = 'unsupported' and j.ordering_key is not null))));
+      perform thumbq.lock_ordering_keys_of(p_job_ids);
       select array_agg(s.id), array_agg(s.dlq_msg_id) filter (where s.dlq_msg_id is not null)
         into v_ids, v_dlq
         from (select j.id, j.dlq_msg_id from thumbq.jobs j
-               where j.group_id = p_group_id
+               where j.id = any(p_job_ids)
                  and (j.status = 'failed'
                       or (j.status = 'unsupported' and j.ordering_key is not null))
                order by j.id
                  for update) s;
       if v_ids is null then
-        return 0;
+        return '{}';
       end if;
       if v_dlq is not null then
         perform pgmq.delete('thumbq_dlq', v_dlq);
@@ -1964,7 +1961,7 @@ begin
              updated_at = clock_timestamp()
         from m
        where j.id = m.id;
-      return cardinality(v_ids);
+      return v_ids;
     exception when deadlock_detected or serialization_failure then
       v_attempt := v_attempt + 1;
       if v_attempt >= 5 then
@@ -1974,6 +1971,17 @@ begin
     end;
   end loop;
 end
+$$;
+
+-- Queue a group's failed jobs again (requeue_jobs); returns how many.
+create or replace function thumbq.retry_failed(p_group_id text)
+returns integer
+language sql
+as $$
+  select cardinality(thumbq.requeue_jobs(array(
+    select j.id from thumbq.jobs j
+     where j.group_id = p_group_id
+       and (j.status = 'failed' or (j.status = 'unsupported' and j.ordering_key is not null)))))
 $$;
 
 -- Cancel jobs that still wait or run, and failed or unsupported jobs that hold their ordering

@@ -185,55 +185,12 @@ $$;
 -- the key's head; the rest get theirs when the head is done). Returns the ids replayed.
 create or replace function thumbq.replay_dead_letters(p_job_ids bigint[])
 returns bigint[]
-language plpgsql
+language sql
 as $$
-declare
-  v_ids bigint[];
-  v_dlq bigint[];
-  v_attempt integer := 0;
-begin
-  loop
-    begin
-      perform thumbq.lock_ordering_keys_of(array(
-        select j.id from thumbq.jobs j
-         where j.status = 'failed' and j.dlq_msg_id is not null
-           and (p_job_ids is null or j.id = any(p_job_ids))));
-      select array_agg(s.id), array_agg(s.dlq_msg_id)
-        into v_ids, v_dlq
-        from (select j.id, j.dlq_msg_id from thumbq.jobs j
-               where j.status = 'failed' and j.dlq_msg_id is not null
-                 and (p_job_ids is null or j.id = any(p_job_ids))
-               order by j.id
-                 for update) s;
-      if v_ids is null then
-        return '{}'::bigint[];
-      end if;
-      perform pgmq.delete('thumbq_dlq', v_dlq);
-      with m as (
-        select j.id,
-               case when j.ordering_key is null
-                      or not exists (select 1 from thumbq.held_by(j.ordering_key, j.sequence))
-                    then (select pgmq.send(thumbq.band_queue(j.priority),
-                                           jsonb_build_object('job_id', j.id))) end as msg_id
-          from thumbq.jobs j where j.id = any(v_ids)
-      )
-      update thumbq.jobs j
-         set status = 'pending', attempts = 0, error_code = null, last_error = null,
-             completed_at = null, started_at = null, next_attempt_at = null, worker_id = null,
-             lease_expires_at = null, msg_id = m.msg_id, dlq_msg_id = null,
-             updated_at = clock_timestamp()
-        from m
-       where j.id = m.id;
-      return v_ids;
-    exception when deadlock_detected or serialization_failure then
-      v_attempt := v_attempt + 1;
-      if v_attempt >= 5 then
-        raise;
-      end if;
-      perform pg_sleep(0.005 * v_attempt * (1 + random()));
-    end;
-  end loop;
-end
+  select thumbq.requeue_jobs(array(
+    select j.id from thumbq.jobs j
+     where j.status = 'failed' and j.dlq_msg_id is not null
+       and (p_job_ids is null or j.id = any(p_job_ids))))
 $$;
 
 -- Operators only: the page calls these with the admin secret, never as a Supabase user.
@@ -251,7 +208,7 @@ end
 $$;
 
 insert into thumbq.schema_migrations (version, checksum)
-values ('013_operator', 'a9321c42ce5b0a493fea11eaccad44584a8903712175791673c3f5dd04b2c0b0')
+values ('013_operator', 'ba6fa04c29f46f7e0aeaf370934011a8003e7e5a4604526d82b9a3eb795e9214')
 on conflict (version) do update set checksum = excluded.checksum, applied_at = clock_timestamp();
 
 commit;

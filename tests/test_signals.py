@@ -79,12 +79,16 @@ class Proc:
 
     def stop(self, sig: int) -> tuple[float, int]:
         """Send `sig`; seconds until the process exited, and its exit code."""
+        tree = self.tree()
         sent = time.monotonic()
         self.popen.send_signal(sig)
         try:
             code = self.popen.wait(EXIT_WITHIN_S + 25)
         except subprocess.TimeoutExpired:
-            self.popen.kill()
+            # The whole tree: a server's worker would outlive its parent.
+            for p in tree[::-1]:
+                with suppress(psutil.NoSuchProcess):
+                    p.kill()
             code = self.popen.wait(10)
         took = time.monotonic() - sent
         print(f"{self.args[0]}: exited {took:.2f} s after signal {sig}")

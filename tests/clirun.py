@@ -12,6 +12,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
+import psycopg
+
 # Variables of the developer's shell that would point a test's thumbq elsewhere.
 _SCRUB = (
     "DATABASE_URL",
@@ -128,3 +130,21 @@ def thumbq_running(
                 proc.wait(10)
         for t in readers:
             t.join(5)
+
+
+def one_line_error(proc: subprocess.CompletedProcess[str], code: int = 1) -> str:
+    """The single line a failed command printed on stderr (asserting that it is one)."""
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    return lines[0]
+
+
+def schemas(url: str) -> set[str]:
+    """Which of thumbq's and pgmq's schemas the database at `url` holds."""
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "select nspname from pg_namespace where nspname in ('thumbq', 'pgmq')"
+        ).fetchall()
+    return {r[0] for r in rows}

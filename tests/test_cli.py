@@ -19,29 +19,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.clirun import thumbq, thumbq_running, user_env
+from tests.clirun import one_line_error, schemas, thumbq, thumbq_running, user_env
 from tests.liveapp import call, jpeg, put_samples, wait_until
 from worker.config import Config
 from worker.storage import open_storage
 
 ISO_8601 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")
-
-
-def one_line_error(proc: subprocess.CompletedProcess[str], code: int = 1) -> str:
-    """The single line a failed command printed on stderr (asserting that it is one)."""
-    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert "Traceback" not in proc.stderr
-    return lines[0]
-
-
-def schemas(url: str) -> set[str]:
-    with psycopg.connect(url) as conn:
-        rows = conn.execute(
-            "select nspname from pg_namespace where nspname in ('thumbq', 'pgmq')"
-        ).fetchall()
-    return {r[0] for r in rows}
 
 
 def postgres_processes(pgdata: Path) -> list[int]:

@@ -484,10 +484,7 @@ def test_a_completion_batch_is_not_held_up_by_one_locked_job_and_records_it_too(
         def watch_then_release() -> None:
             time.sleep(0.8)
             seen.append(
-                [
-                    r["status"]
-                    for r in watcher.execute("select status from thumbq.jobs order by id")
-                ]
+                [r["status"] for r in watcher.execute("select status from thumbq.jobs order by id")]
             )
             time.sleep(0.7)
             other.execute("rollback")

@@ -13,29 +13,12 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.clirun import thumbq, thumbq_running, user_env
+from tests.clirun import one_line_error, schemas, thumbq, thumbq_running, user_env
 from tests.liveapp import call, live_app
 from tests.pgbouncer import free_port
 from worker.config import Config
 
 SECRET = "config-errors-secret-0123456789"
-
-
-def one_line_error(proc: subprocess.CompletedProcess[str], code: int = 1) -> str:
-    """The single line a failed command printed on stderr (asserting that it is one)."""
-    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert "Traceback" not in proc.stderr
-    return lines[0]
-
-
-def schemas(url: str) -> set[str]:
-    with psycopg.connect(url) as conn:
-        rows = conn.execute(
-            "select nspname from pg_namespace where nspname in ('thumbq', 'pgmq')"
-        ).fetchall()
-    return {r[0] for r in rows}
 
 
 def unwritable_home(tmp_path: Path) -> Path:

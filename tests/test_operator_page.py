@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from tests.browser import chromium
 from tests.liveapp import call, live_app, put_samples, wait_until
-from tests.pgtools import require
 from worker import db
 from worker.batch import render_options, run_batch
 from worker.config import Config
@@ -28,45 +27,14 @@ from worker.service import enqueue
 from worker.storage import open_storage
 
 SECRET = "operator-page-secret-0123456789"
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
 SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "operator.png"
 HOSTILE_KEY = "dead/<img src=x onerror=window.pwned=1>.jpg"
 
 
 @pytest.fixture
 def browser() -> Iterator[Any]:
-    require(
-        Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists(),
-        "chromium and chromium-driver are not installed",
-    )
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    profile = tempfile.mkdtemp(prefix="thumbq-chromium-")
-    opts = Options()
-    opts.binary_location = CHROMIUM
-    for flag in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--hide-scrollbars",
-        "--window-size=1100,1500",
-        f"--user-data-dir={profile}",
-    ):
-        opts.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
-    try:
+    with chromium("1100,1500") as driver:
         yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 def _config(tmp_path: Path, db_url: str, secret: str | None = SECRET) -> Config:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -13,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from tests.browser import chromium
 from tests.liveapp import call, put_samples, wait_until
 from tests.pgbouncer import free_port
-from tests.pgtools import require
 from worker import db
 from worker.batch import render_options, run_batch
 from worker.config import Config
@@ -25,8 +24,6 @@ from worker.serving import ServerThread
 from worker.storage import open_storage
 
 SECRET = "progress-page-secret-0123456789"
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
 # THUMBQ_UPDATE_SCREENSHOT=1 copies the page that `thumbq up`'s link opens here, for the README.
 SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "progress.png"
 # A file whose key looks like markup: the page must show it as text.
@@ -35,37 +32,8 @@ HOSTILE_KEY = "uploads/<img src=x onerror=window.pwned=1>.jpg"
 
 @pytest.fixture
 def browser() -> Iterator[Any]:
-    require(
-        Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists(),
-        "chromium and chromium-driver are not installed",
-    )
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    profile = tempfile.mkdtemp(prefix="thumbq-chromium-")
-    opts = Options()
-    opts.binary_location = CHROMIUM
-    for flag in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--hide-scrollbars",
-        "--window-size=1000,900",
-        f"--user-data-dir={profile}",
-    ):
-        opts.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
-    try:
+    with chromium("1000,900") as driver:
         yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 def _record(app: Any) -> list[tuple[str, str | None, int]]:

@@ -338,6 +338,9 @@ def test_progress_counts_percentage_and_eta(conn: db.Conn) -> None:
     assert 4 <= p["rate_per_second"] <= 9
     version = p["version"]
     assert q.progress("g")["version"] == version  # reading changes nothing
+    # A minute later nothing runs and nothing finished (a stopped worker): no made-up ETA.
+    conn.execute("update thumbq.groups set last_done_at = now() - interval '61 seconds'")
+    assert q.progress("g")["estimated_time_remaining_seconds"] is None
     q.cancel("g")
     p = q.progress("g")
     assert float(p["progress_percentage"]) == 100.0

@@ -1094,7 +1094,6 @@ def cmd_jobs_enqueue(rt: Runtime, args: argparse.Namespace) -> int:
 
 def cmd_jobs_show(rt: Runtime, args: argparse.Namespace) -> int:
     from worker.jobs import get
-
     from worker.storage import open_storage
     from worker.urls import UrlSigner
 

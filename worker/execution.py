@@ -298,10 +298,16 @@ class Executor:
         """Run the handler on a thread of its own until the deadline (and THREAD_GRACE_MS, for
         a checkpoint returned at the last moment). One still running then cannot be stopped:
         it is handed to the process's keeper, which holds its job until it ends (None)."""
-        ctx = tasks.TaskContext(job.as_dict(), self.budget.deadline, backend, self.budget.clock)
+        budget = self.budget
+        ctx = tasks.TaskContext(job.as_dict(), lambda: budget.deadline, backend, budget.clock)
         handler = HandlerThread(registered, ctx)
         handler.start()
-        ending = handler.wait(self.budget.remaining_ms(THREAD_GRACE_MS) / 1000)
+        # In short waits, so that a deadline moved closer (a stop) is seen at once.
+        while (left_s := budget.remaining_ms(THREAD_GRACE_MS) / 1000) > 0:
+            ending = handler.wait(min(left_s, 0.1))
+            if ending is not None:
+                return ending
+        ending = handler.wait(0)
         if ending is not None:
             return ending
         keeper = keeper_for(db.database_url(self.config))

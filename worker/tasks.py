@@ -222,7 +222,7 @@ class TaskContext:
     def __init__(
         self,
         job: Mapping[str, Any],
-        deadline: float,
+        deadline: float | Callable[[], float],
         backend: ContextBackend,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -240,7 +240,9 @@ class TaskContext:
 
     def remaining_ms(self) -> float:
         """Milliseconds left before this invocation's deadline (a handler stops well before)."""
-        return max(0.0, (self._deadline - self._clock()) * 1000)
+        # A callable deadline follows its invocation's (a stop moves it closer: worker.stopping).
+        deadline = self._deadline() if callable(self._deadline) else self._deadline
+        return max(0.0, (deadline - self._clock()) * 1000)
 
     def checkpoint(self, state: Any) -> Checkpoint:
         """Save `state` now; a later attempt (after a crash too) starts from it. Return the

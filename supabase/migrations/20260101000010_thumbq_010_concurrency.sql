@@ -304,6 +304,10 @@ as $$
          case when g.total = 0 then 0
               else round(100.0 * (g.total - g.pending - g.processing) / g.total, 1) end,
          case when g.pending + g.processing = 0 then 0
+              -- Nothing runs and nothing has finished for a minute (a stopped worker, a
+              -- schedule's gap): the last rate says nothing of when the rest will be done.
+              when g.processing = 0
+                   and g.last_done_at < clock_timestamp() - interval '60 seconds' then null
               when r.rate > 0 then ceil((g.pending + g.processing) / r.rate)::integer end,
          r.rate,
          g.version, g.updated_at, g.progress_done, g.progress_total
@@ -871,21 +875,22 @@ begin
     perform thumbq.delete_messages(v_demote_prio, v_demote_msgs);
   end if;
 
-  -- Messages for the new jobs that are heads (or have no ordering key).
-  select coalesce(jsonb_agg(h.f || jsonb_build_object('msg_id', case when h.head then
-                    (select pgmq.send(thumbq.band_queue((h.f->>'priority')::integer),
-                                      jsonb_build_object('job_id', h.f->'id'))) end)),
+  -- Messages for the new jobs that are heads (or have no ordering key); one behind a cancelled
+  -- run that still holds its key is hidden until that run's lease ends.
+  select coalesce(jsonb_agg(h.f || jsonb_build_object('msg_id', case when h.delay_s is not null
+                    then (select pgmq.send(thumbq.band_queue((h.f->>'priority')::integer),
+                                           jsonb_build_object('job_id', h.f->'id'), h.delay_s))
+                    end)),
                   '[]'::jsonb)
     into v_fresh
     from (select f as f,
-                 f->>'ordering_key' is null
-                 or (not exists (select 1 from thumbq.held_by(f->>'ordering_key',
-                                                              (f->>'sequence')::bigint))
-                     and not exists (
-                       select 1 from jsonb_array_elements(v_fresh) o
-                        where o->>'ordering_key' = f->>'ordering_key'
-                          and (o->>'sequence')::bigint < (f->>'sequence')::bigint))
-                   as head
+                 case when f->>'ordering_key' is null then 0
+                      when exists (
+                        select 1 from jsonb_array_elements(v_fresh) o
+                         where o->>'ordering_key' = f->>'ordering_key'
+                           and (o->>'sequence')::bigint < (f->>'sequence')::bigint) then null
+                      else thumbq.head_delay(f->>'ordering_key', (f->>'sequence')::bigint)
+                 end as delay_s
             from jsonb_array_elements(v_fresh) f) h;
 
   return jsonb_build_object('items', coalesce(v_items, '[]'), 'fresh', v_fresh,
@@ -1442,6 +1447,23 @@ begin
 end
 $$;
 
+-- When a job of an ordering key may run, as the delay of its message in seconds: 0 when no
+-- earlier job holds the key, the rest of the lease of a cancelled run that still holds it
+-- (its message is hidden until then), null while an earlier job holds it for longer (it gets
+-- its message when that one is done).
+create or replace function thumbq.head_delay(p_key text, p_sequence bigint)
+returns integer
+language sql
+stable
+as $$
+  select case when h.job_id is null then 0
+              when h.status = 'cancelled'
+                then greatest(1, ceil(extract(epoch from h.lease_expires_at
+                                                         - clock_timestamp())))::integer end
+    from (select 1) one
+    left join thumbq.held_by(p_key, p_sequence) h on true
+$$;
+
 -- Send the message of each ordering key's new head, once the jobs in p_ended no longer hold it
 -- (completed, cancelled, or their cancelled run stopped). With p_wait_running, a job of p_ended
 -- still running (being cancelled) keeps holding its key until its lease ends: the new head's
@@ -1508,6 +1530,8 @@ begin
     return 0;
   end if;
   if v_keys is not null then
+    -- A head queued while the run held the key has no message yet: it gets one now.
+    perform thumbq.release_heads(v_keys, v_ended);
     -- Only a head that waits for nothing else: a retry keeps its backoff. The heads' rows are
     -- not touched (their message only): claim and claim_job check the key's holder themselves.
     select array_agg(j.id order by j.id), array_agg(j.msg_id order by j.id),
@@ -1954,13 +1978,18 @@ begin
       if v_dlq is not null then
         perform pgmq.delete('thumbq_dlq', v_dlq);
       end if;
-      with m as (
-        select j.id,
-               case when j.ordering_key is null
-                      or not exists (select 1 from thumbq.held_by(j.ordering_key, j.sequence))
-                    then (select pgmq.send(thumbq.band_queue(j.priority),
-                                           jsonb_build_object('job_id', j.id))) end as msg_id
+      with d as (
+        select j.id, j.priority,
+               case when j.ordering_key is null then 0
+                    else thumbq.head_delay(j.ordering_key, j.sequence) end as delay_s
           from thumbq.jobs j where j.id = any(v_ids)
+      ), m as (
+        select d.id,
+               case when d.delay_s is not null
+                    then (select pgmq.send(thumbq.band_queue(d.priority),
+                                           jsonb_build_object('job_id', d.id), d.delay_s))
+               end as msg_id
+          from d
       )
       update thumbq.jobs j
          set status = 'pending', attempts = 0, error_code = null, last_error = null,
@@ -2259,7 +2288,7 @@ grant execute on function thumbq.progress(text), thumbq.progress_v2(text),
   thumbq.request_user_id() to authenticated;
 
 insert into thumbq.schema_migrations (version, checksum)
-values ('010_concurrency', 'c249e9d2c2a4a393554552359bad9657b2c5f9ffe44d1597a0fa55c94a4c354d')
+values ('010_concurrency', 'e26b07e0174d8ee802e9b4e84a78bbd81c56e8b742b0146a7c750f271b738a42')
 on conflict (version) do update set checksum = excluded.checksum, applied_at = clock_timestamp();
 
 commit;

@@ -20,6 +20,8 @@ they take is one the batches' renders do not get.
 
     .venv/bin/python -m bench.load [--clients 200] [--rates 10] [--seconds 60]
                                    [--servers granian,waitress] [--generators python,users,wrk]
+    .venv/bin/python -m bench.load --generators metrics --rates 15 --result load_metrics
+        (a Prometheus scrape of GET /metrics every 15 s instead of the pollers)
                                    [--result load]
 
 All traffic goes to 127.0.0.1, bounded in count and time. The database server is
@@ -36,6 +38,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -439,6 +442,50 @@ def _pct(xs: list[float], q: float) -> float | None:
     return round(xs[min(len(xs) - 1, max(0, round(q * len(xs)) - 1))], 2)
 
 
+class _Scraper(threading.Thread):
+    """GET /metrics every `every_s` for `seconds`, as a Prometheus server scrapes (the admin
+    secret as its bearer token); records each scrape's time and status."""
+
+    def __init__(self, port: int, every_s: float, seconds: float) -> None:
+        super().__init__(daemon=True)
+        self.port, self.every_s, self.seconds = port, every_s, seconds
+        self.ms: list[float] = []
+        self.statuses: Counter[int] = Counter()
+
+    def run(self) -> None:
+        import urllib.error
+        import urllib.request
+
+        end = time.monotonic() + self.seconds
+        while (due := time.monotonic()) < end:
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{self.port}/metrics",
+                headers={"Authorization": f"Bearer {SECRET}"},
+            )
+            try:
+                with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as resp:
+                    resp.read()
+                    self.statuses[resp.status] += 1
+            except urllib.error.HTTPError as exc:
+                self.statuses[exc.code] += 1
+            self.ms.append((time.monotonic() - due) * 1000)
+            time.sleep(max(0.0, due + self.every_s - time.monotonic()))
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "count": len(self.ms),
+            "statuses": {str(k): v for k, v in self.statuses.items()},
+            "ms_p50": _pct(self.ms, 0.5),
+            "ms_max": _pct(self.ms, 1.0),
+        }
+
+
+def _scrape_metrics(port: int, every_s: float, seconds: float) -> _Scraper:
+    scraper = _Scraper(port, every_s, seconds)
+    scraper.start()
+    return scraper
+
+
 def _spawn(args: list[str], out: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "bench.load", *args, "--out", str(out)],
@@ -457,9 +504,23 @@ def phase(
     work: Path,
     generator: str = "python",
 ) -> dict[str, Any]:
-    """Batches for `seconds`, with `clients` pollers at `rate` (none when 0) at the same time."""
+    """Batches for `seconds`, with `clients` pollers at `rate` (none when 0) at the same time; the
+    `metrics` generator is one Prometheus scraper, a scrape every `rate` seconds instead."""
     batch_out = work / f"batch-{rate}.json"
     procs = [_spawn(["batches", url, str(home), str(seconds)], batch_out)]
+    if clients and generator == "metrics":
+        scrapes = _scrape_metrics(port, rate, seconds)
+        for proc in procs:
+            if proc.wait(timeout=seconds + 120) != 0:
+                raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
+        scrapes.join(seconds + 30)
+        return {
+            "clients": 0,
+            "generator": "metrics",
+            "scrape_every_s": rate,
+            "batches": json.loads(batch_out.read_text()),
+            "scrapes": scrapes.summary(),
+        }
     client_outs = []
     wrk_out = work / f"wrk-{rate}.json"
     if clients and generator == "wrk":
@@ -574,7 +635,8 @@ def main(argv: list[str] | None = None) -> int:
         default="python",
         help="load generators, in turn: python (asyncio clients, the admin secret), users (the "
         "same, each client a different user with a JWT: RLS and a cache entry per user), wrk "
-        "(the admin secret; needs the wrk binary)",
+        "(the admin secret; needs the wrk binary), metrics (one Prometheus scraper of GET "
+        "/metrics, a scrape every RATE seconds)",
     )
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--files", type=int, default=0, help="queue size (default: enough)")
@@ -717,7 +779,7 @@ def orchestrate(args: argparse.Namespace) -> int:
             for server in running.values():
                 server.close()
     baseline = statistics.mean(
-        [r["batches"]["thumbnails_per_s"] for r in results if not r["clients"]]
+        [r["batches"]["thumbnails_per_s"] for r in results if r["server"] is None]
     )
     for r in results:
         r["throughput_vs_baseline"] = round(r["batches"]["thumbnails_per_s"] / baseline, 3)

@@ -214,7 +214,7 @@ def make_retries_due(conn: db.Conn) -> int:
     """Make the messages of pending jobs visible now, so that retries waiting out thumbq's
     backoff (30 s, then 60 s, ...) are claimed at once; returns how many there were."""
     rows = conn.execute(
-        "select pgmq.set_vt('thumbq_jobs', msg_id, 0) from thumbq.jobs"
+        "select pgmq.set_vt(thumbq.band_queue(priority), msg_id, 0) from thumbq.jobs"
         " where status = 'pending' and msg_id is not null"
     ).fetchall()
     return len(rows)

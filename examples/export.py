@@ -401,6 +401,37 @@ def sink_for(storage: Storage, key: str) -> Sink:
 # -- the task --------------------------------------------------------------------------------
 
 
+class _OutOfTime(Exception):
+    """A part's upload did not finish in the time left: it is read and sent again next time."""
+
+
+def _within(timeout_s: float, fn: Any, *args: Any) -> Any:
+    """`fn(*args)` on a thread of its own, waited for at most `timeout_s` (_OutOfTime after).
+
+    A part upload is the one step whose time only the network decides: a prediction that is
+    wrong (a loaded machine, a slow store) must cost the part, not the attempt. An upload cut
+    here may still finish behind the handler's back; the same part number sent again replaces
+    it with the same bytes (the rows after the last checkpoint are read again)."""
+    import threading
+
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn(*args)
+        except BaseException as exc:
+            out["error"] = exc
+
+    worker = threading.Thread(target=run, name="export-upload", daemon=True)
+    worker.start()
+    worker.join(max(timeout_s, 0.0))
+    if worker.is_alive():
+        raise _OutOfTime
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
 def _result(key: str, state: dict[str, Any]) -> dict[str, Any]:
     return {"key": key, "rows": state["rows"], "bytes": state["bytes"], "parts": state["parts"]}
 
@@ -453,10 +484,15 @@ def export_csv(ctx: TaskContext, payload: Any) -> Any:
             """Write a part; the checkpoint then names it (and the rows in it)."""
             nonlocal uploaded
             started = time.monotonic()
-            written = sink.write(state, part)
-            learn(
-                "upload_ms_per_mib", (time.monotonic() - started) * 1000 / max(len(part) / MIB, 1.0)
-            )
+            try:
+                written = _within((ctx.remaining_ms() - STOP_MS) / 1000, sink.write, state, part)
+            finally:
+                # A cut upload teaches at least as much as a finished one: it took this long.
+                learn(
+                    "upload_ms_per_mib",
+                    (time.monotonic() - started) * 1000 / max(len(part) / MIB, 1.0),
+                )
+
             uploaded = True
             new = {**state, **written, **timing, "after": after}
             new["rows"] = state["rows"] + rows
@@ -490,7 +526,8 @@ def export_csv(ctx: TaskContext, payload: Any) -> Any:
                 # Out of time for a chunk: keep what is read if this storage takes a part that
                 # small (S3 wants 5 MiB but for the last) and its upload fits.
                 if buf and len(buf) >= sink.min_part and fits(buf):
-                    state = flush(state, bytes(buf), after, rows)
+                    with contextlib.suppress(_OutOfTime):
+                        state = flush(state, bytes(buf), after, rows)
                 return stop(state)
             started = time.monotonic()
             data, after, n = read_chunk(
@@ -502,7 +539,10 @@ def export_csv(ctx: TaskContext, payload: Any) -> Any:
             if len(buf) >= part_bytes or after == state["upto"]:
                 if not fits(buf):
                     return stop(state)
-                state = flush(state, bytes(buf), after, rows)
+                try:
+                    state = flush(state, bytes(buf), after, rows)
+                except _OutOfTime:
+                    return stop(state)
                 buf, rows = bytearray(), 0
     if ctx.cancelled():
         sink.abort(state)

@@ -437,9 +437,11 @@ def test_export_of_a_million_rows_over_many_short_invocations_is_complete_with_p
     # waits for its next tick on `drained`).
     assert len(runs) >= 2
     assert all(r.duration_ms <= config.budget_ms - config.buffer_ms + 300 for r in runs)
-    assert [(r.checkpointed, r.stopped_reason) for r in runs[:-1]] == [(1, "time_budget")] * (
-        len(runs) - 1
-    )
+    # (A run whose cold render process took its window hands the job back unstarted: released,
+    # no attempt used.)
+    assert [(r.checkpointed + r.released, r.stopped_reason) for r in runs[:-1]] == [
+        (1, "time_budget")
+    ] * (len(runs) - 1)
     result = row["result"]
     assert result["key"] == f"exports/{job['job_id']}/export_demo.csv"
     assert result["rows"] == MILLION

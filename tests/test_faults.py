@@ -556,9 +556,25 @@ def invocation_with_fault(
     }
 
 
+@pytest.fixture
+def own_db_url() -> Iterator[str]:
+    """A database on a Postgres server of the test's own, with pgmq and the schema: a test that
+    SIGSTOPs a backend must not stall the session's shared server (a stopped backend can hold
+    a lock every other backend of its server then waits for, and the other worker's tests time
+    out)."""
+    from tests.pgtools import PGMQ_SQL, install_pgmq
+
+    with throwaway_server() as (server, _folder):
+        url = str(server.get_uri())
+        with db.connect(url) as conn:
+            install_pgmq(conn, PGMQ_SQL)
+            db.init_schema(conn)
+        yield url
+
+
 @pytest.mark.slow
 def test_a_terminated_or_stalled_backend_ends_the_invocation_in_time_and_nothing_is_lost(
-    tmp_path: Path, db_url: str
+    tmp_path: Path, own_db_url: str
 ) -> None:
     """Two invocations while renders are in flight: one's backend is terminated, the next one's
     stops answering (SIGSTOP). Both end within their budget; following runs finish the work.
@@ -567,6 +583,7 @@ def test_a_terminated_or_stalled_backend_ends_the_invocation_in_time_and_nothing
     lock) until the database answered again, however far past the budget."""
     n_files = 30
     log = tmp_path / "storage.log"
+    db_url = own_db_url
     config = make_config(tmp_path, db_url, THUMBQ_CONCURRENCY="2")
     storage = LoggingStorage(tmp_path / "storage", log)
     items = []
@@ -625,12 +642,13 @@ def test_a_terminated_or_stalled_backend_ends_the_invocation_in_time_and_nothing
 
 @pytest.mark.slow
 def test_a_stalled_database_answers_503_within_the_budget_and_frees_the_batch_lock(
-    tmp_path: Path, db_url: str
+    tmp_path: Path, own_db_url: str
 ) -> None:
     """The HTTP endpoint, its batch connection's backend stopped (SIGSTOP) mid-run.
 
     Regression: the request waited as long as the database did, holding the process's batch
     lock, so every later batch-generate would have answered 409 batch_in_progress."""
+    db_url = own_db_url
     config = make_config(tmp_path, db_url, THUMBQ_CONCURRENCY="2")
     storage = FileStorage(tmp_path / "storage")
     items = []

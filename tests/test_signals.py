@@ -218,7 +218,7 @@ def test_sigterm_during_run_batch_ends_the_batch_cleanly_with_143(
     config = _config(tmp_path, db_url)
     with db.connect(db_url) as conn:
         enqueue(conn, open_storage(config), config, _put_files(tmp_path, db_url, "rb/"), "rb")
-    env = _env(tmp_path, db_url, THUMBQ_BUDGET_MS="60000", THUMBQ_BUFFER_MS="2000")
+    env = _env(tmp_path, db_url, THUMBQ_BUDGET_MS="20000", THUMBQ_BUFFER_MS="2000")
     with running(["run-batch"], env) as proc:
         _wait_mid_run(tmp_path, "rb/", proc)
         tree = proc.tree()
@@ -260,7 +260,7 @@ def test_a_signal_to_thumbq_serve_ends_the_batch_in_flight_cleanly(
         db_url,
         THUMBQ_CRON_SECRET=SECRET,
         THUMBQ_HOME=str(tmp_path / "home"),
-        THUMBQ_BUDGET_MS="60000",
+        THUMBQ_BUDGET_MS="20000",
     )
     with running(["serve", "--port", str(port), "--server", server], env) as proc:
         wait_until(lambda: _answers(f"http://127.0.0.1:{port}/healthz"), 30, 0.1)
@@ -329,7 +329,7 @@ def test_renders_still_running_at_a_stop_are_stopped_and_handed_back_without_an_
     storage = open_storage(_config(tmp_path, db_url))
     for name in ("a", "b"):
         storage.put(f"slow/{name}.pdf", corpus.slow_pdf(), "application/pdf")
-    env = _env(tmp_path, db_url, THUMBQ_BUDGET_MS="60000", THUMBQ_BUFFER_MS="2000")
+    env = _env(tmp_path, db_url, THUMBQ_BUDGET_MS="20000", THUMBQ_BUFFER_MS="2000")
     with running(["backfill", "--prefix", "slow/", "--group", "slow", "--now"], env) as proc:
 
         def rendering() -> bool:
@@ -357,7 +357,8 @@ def test_renders_still_running_at_a_stop_are_stopped_and_handed_back_without_an_
 def test_sigterm_to_thumbq_scheduler_mid_call_exits_without_waiting_for_the_batch(
     tmp_path: Path, db_url: str
 ) -> None:
-    # The scheduler's call is a minute-long batch of two slow pages on a separate server: the
+    # The scheduler's call is a 20 s batch of two slow pages on a separate server (a longer one
+    # only keeps both cores busy longer for the other tests when a stop is slow): the
     # scheduler stops at once (the server records the batch whatever the caller does), and the
     # server's own stop then hands the pages back.
     from bench import corpus
@@ -376,7 +377,7 @@ def test_sigterm_to_thumbq_scheduler_mid_call_exits_without_waiting_for_the_batc
         db_url,
         THUMBQ_CRON_SECRET=SECRET,
         THUMBQ_HOME=str(tmp_path / "home"),
-        THUMBQ_BUDGET_MS="60000",
+        THUMBQ_BUDGET_MS="20000",
         THUMBQ_API_URL=f"http://127.0.0.1:{port}",
         THUMBQ_SCHEDULE="* * * * * *",
     )

@@ -47,8 +47,19 @@ def sql_dir() -> Path:
 
 
 def schema_files() -> list[Path]:
-    """The ordered, idempotent schema files (`NNN_name.sql`)."""
+    """The versioned schema files (`NNN_name.sql`: DDL and data moves), in order."""
     return sorted(p for p in sql_dir().glob("[0-9][0-9][0-9]_*.sql"))
+
+
+def repeatable_files() -> list[tuple[str, Path]]:
+    """The current definitions, as (version recorded, path), in the order they are applied:
+    `retired.sql` (drops what no current file defines), then every function file of
+    `functions/` (functions, triggers, views; one file per transition family) by name.
+    Each is applied again whenever its checksum changes (docs/migrations.md)."""
+    base = sql_dir()
+    files = [("retired", base / "retired.sql")]
+    files += [(f"functions/{p.stem}", p) for p in sorted((base / "functions").glob("*.sql"))]
+    return files
 
 
 class SchemaChainError(RuntimeError):
@@ -106,7 +117,8 @@ def check_chain(files: list[Path] | None = None) -> None:
                 f"{rel.commit}); released schema files are frozen, because databases and "
                 f"Supabase projects that applied it never apply it again. Restore it "
                 f"(git checkout {rel.commit} -- sql/{name}) and put the change in a new file "
-                "sql/NNN_name.sql (docs/migrations.md)."
+                "sql/NNN_name.sql (DDL) or in sql/functions/ (functions, triggers, views; "
+                "docs/migrations.md)."
             )
     last_released = max((int(n[:3]) for n in released), default=0)
     numbers: dict[int, str] = {}
@@ -318,8 +330,8 @@ def ensure_pgmq(conn: Conn) -> str:
 
 
 def init_schema(conn: Conn) -> dict[str, Any]:
-    """Install pgmq and apply every schema file not yet applied at its current checksum, and
-    every file after the first one applied.
+    """Install pgmq, apply every versioned schema file not yet applied, then every repeatable
+    file (retired drops, function files) whose checksum differs from the one recorded.
 
     All in one transaction under an advisory lock: concurrent callers wait, and a failure
     leaves nothing half-applied. Safe to run again and again. Refuses (SchemaChainError) to
@@ -341,6 +353,18 @@ def init_schema(conn: Conn) -> dict[str, Any]:
             r["version"]: r["checksum"]
             for r in conn.execute("select version, checksum from thumbq.schema_migrations")
         }
+
+        def apply(version: str, text: str, checksum: str) -> None:
+            conn.execute(text.encode())  # several statements: simple query protocol
+            conn.execute(
+                "insert into thumbq.schema_migrations (version, checksum) values (%s, %s)"
+                " on conflict (version) do update set checksum = excluded.checksum,"
+                " applied_at = clock_timestamp()",
+                [version, checksum],
+            )
+            applied.append(version)
+
+        rerun = False
         for path in files:
             text = path.read_text(encoding="utf-8")
             checksum = hashlib.sha256(text.encode()).hexdigest()  # as file_sha256
@@ -350,12 +374,14 @@ def init_schema(conn: Conn) -> dict[str, Any]:
             # may undo or refine what an earlier one does (008's revokes after 005's grants).
             if not applied and done.get(path.stem) == checksum:
                 continue
-            conn.execute(text.encode())  # several statements: simple query protocol
-            conn.execute(
-                "insert into thumbq.schema_migrations (version, checksum) values (%s, %s)"
-                " on conflict (version) do update set checksum = excluded.checksum,"
-                " applied_at = clock_timestamp()",
-                [path.stem, checksum],
-            )
-            applied.append(path.stem)
+            rerun = rerun or path.stem in done
+            apply(path.stem, text, checksum)
+        for version, path in repeatable_files():
+            text = path.read_text(encoding="utf-8")
+            checksum = hashlib.sha256(text.encode()).hexdigest()
+            # A versioned file run again (002 and 003 define the functions of 0.1.0) brings
+            # back what the current definitions replaced: then every one runs again.
+            if not rerun and done.get(version) == checksum:
+                continue
+            apply(version, text, checksum)
     return {"pgmq": pgmq_how, "applied": applied}

@@ -1,14 +1,103 @@
--- Operations: the metrics an operator scrapes (GET /metrics, or the thumbq.metrics view from
--- SQL), and the outbox of events that webhooks deliver (group.completed).
---
--- Cost: every figure comes from the queues (their length is the backlog, not the history),
--- from jobs that wait or run (a partial index), or from the last hour (indexes on completion
--- and error times, and on batch runs' start): a scrape costs the same with a million finished
--- jobs as with none. Group rows are never summed here.
+-- Batch runs, the metrics an operator scrapes, and the events outbox webhooks deliver.
 
--- Jobs that wait or run, by task: an index-only count of the backlog.
-create index if not exists jobs_live_task_idx on thumbq.jobs (task, status)
-  where status in ('pending', 'processing');
+create or replace function thumbq.start_run(p_worker_id text, p_budget_ms integer,
+                                            p_buffer_ms integer, p_concurrency integer)
+returns jsonb
+language sql
+as $$
+  with ins as (
+    insert into thumbq.batch_runs (worker_id, budget_ms, buffer_ms, concurrency)
+    values (p_worker_id, p_budget_ms, p_buffer_ms, p_concurrency)
+    returning id
+  )
+  select jsonb_build_object(
+    'run_id', (select id from ins),
+    'stats', coalesce((select jsonb_agg(jsonb_build_object(
+                         'kind', s.kind, 'size_class', s.size_class, 'ewma_ms', s.ewma_ms,
+                         'max_ms', s.max_ms, 'samples', s.samples))
+                       from thumbq.render_stats s), '[]'::jsonb))
+$$;
+
+-- Close a run: write its counts, merge the durations it observed into render_stats, and
+-- return what is left (the work queues' length, since every job that waits or runs has exactly
+-- one message, and the jobs of ordering keys waiting behind their heads) and which alerts are
+-- raised (the same names as thumbq.alerts).
+create or replace function thumbq.finish_run(p_run_id bigint, p_summary jsonb,
+                                             p_stats jsonb default '[]')
+returns jsonb
+language plpgsql
+as $$
+declare
+  v_remaining integer;
+  v_alerts text[];
+begin
+  insert into thumbq.render_stats as s (kind, size_class, samples, ewma_ms, max_ms)
+  select e->>'kind', (e->>'size_class')::integer, (e->>'samples')::bigint,
+         (e->>'mean_ms')::double precision, (e->>'max_ms')::double precision
+    from jsonb_array_elements(p_stats) e
+   order by 1, 2
+  on conflict (kind, size_class) do update set
+    -- Weight the new mean by its samples, but never let old history outweigh recent runs.
+    ewma_ms = s.ewma_ms + (excluded.ewma_ms - s.ewma_ms)
+              * least(1.0, excluded.samples::double precision
+                           / least(s.samples + excluded.samples, 50)),
+    samples = s.samples + excluded.samples,
+    max_ms = greatest(s.max_ms * 0.9, excluded.max_ms),
+    updated_at = clock_timestamp();
+
+  select m.queue_length + (select count(*) from thumbq.jobs j
+                            where j.status = 'pending' and j.msg_id is null)
+    into v_remaining from thumbq.work_metrics() m;
+
+  update thumbq.batch_runs
+     set finished_at = clock_timestamp(),
+         claimed = (p_summary->>'claimed')::integer,
+         processed = (p_summary->>'processed')::integer,
+         succeeded = (p_summary->>'succeeded')::integer,
+         failed = (p_summary->>'failed')::integer,
+         retried = (p_summary->>'retried')::integer,
+         skipped = (p_summary->>'skipped')::integer,
+         released = (p_summary->>'released')::integer,
+         remaining = v_remaining,
+         stopped_reason = p_summary->>'stopped_reason',
+         duration_ms = (p_summary->>'duration_ms')::integer,
+         retry_after_ms = (p_summary->>'retry_after_ms')::integer
+   where id = p_run_id;
+
+  select coalesce(array_agg(a.name order by a.name), '{}') into v_alerts from thumbq.alerts a;
+  update thumbq.batch_runs set alerts = v_alerts where id = p_run_id;
+  return jsonb_build_object('remaining', v_remaining, 'alerts', to_jsonb(v_alerts));
+end
+$$;
+
+-- pgmq's metrics through a plpgsql function, whose body is resolved at call time: a view that
+-- called pgmq.metrics directly would stop `alter extension pgmq update` (1.4.4 -> 1.5) from
+-- re-creating it (011's queue_overview reads it the same way).
+create or replace function thumbq.queue_metrics(p_queue text)
+returns table (queue_length bigint, newest_msg_age_sec integer, oldest_msg_age_sec integer)
+language plpgsql
+stable
+as $$
+begin
+  return query
+    select m.queue_length, m.newest_msg_age_sec, m.oldest_msg_age_sec from pgmq.metrics(p_queue) m;
+end
+$$;
+
+-- The work queues (one per priority) together: how many messages, and the oldest one's age.
+create or replace function thumbq.work_metrics()
+returns table (queue_length bigint, newest_msg_age_sec integer, oldest_msg_age_sec integer)
+language plpgsql
+stable
+as $$
+begin
+  return query
+    select sum(m.queue_length)::bigint, min(m.newest_msg_age_sec)::integer,
+           max(m.oldest_msg_age_sec)::integer
+      from generate_series(0, 9) p(p)
+     cross join lateral thumbq.queue_metrics(thumbq.band_queue(p.p)) m;
+end
+$$;
 
 -- Metrics --------------------------------------------------------------------------------
 
@@ -155,55 +244,6 @@ begin
 end
 $$;
 
--- The same samples for Supabase users who scrape nothing: `select * from thumbq.metrics`.
-create or replace view thumbq.metrics as
-select m.metric, m.labels, m.value from thumbq.metrics_rows() m;
-
--- Events and their outbox ------------------------------------------------------------------
-
--- What happened that a webhook tells (group.completed). Rows are written by the trigger below
--- and turned into `webhook` jobs by thumbq.enqueue_events, in a transaction of its own, so that
--- no job is ever enqueued from inside a group row's trigger (that would take job rows and
--- messages after a group row, against the lock order of 010_concurrency.sql).
-create table if not exists thumbq.events (
-  id          uuid primary key default gen_random_uuid(),
-  type        text not null check (length(type) between 1 and 100),
-  group_id    text not null,
-  payload     jsonb not null,
-  created_at  timestamptz not null default clock_timestamp(),
-  -- The webhook job that delivers it; null until enqueue_events has taken it.
-  job_id      bigint
-);
-create index if not exists events_undelivered_idx on thumbq.events (created_at)
-  where job_id is null;
-create index if not exists events_created_idx on thumbq.events (created_at);
-
--- Whether anyone delivers events: enqueue_events marks it on each call. Events are recorded only
--- while a deployment called it within the last day, so that a database without webhooks grows no
--- outbox, and one that turns them on later is not sent its whole history.
-create table if not exists thumbq.event_sinks (
-  name     text primary key,
-  seen_at  timestamptz not null default clock_timestamp()
-);
-
-do $$
-declare
-  t text;
-begin
-  foreach t in array array['events', 'event_sinks'] loop
-    execute format('alter table thumbq.%I enable row level security', t);
-    execute format('grant all on thumbq.%I to service_role', t);
-    if not exists (select 1 from pg_policies where schemaname = 'thumbq' and tablename = t
-                   and policyname = 'service_role_all') then
-      execute format('create policy service_role_all on thumbq.%I to service_role'
-                     ' using (true) with check (true)', t);
-    end if;
-  end loop;
-end
-$$;
-revoke all on thumbq.metrics from public, anon, authenticated;
-grant select on thumbq.metrics to service_role;
-
 -- The group webhook jobs live in; its own completion is never an event.
 create or replace function thumbq.webhook_group()
 returns text
@@ -291,4 +331,13 @@ $$;
 
 revoke execute on function thumbq.metrics_rows(), thumbq.webhook_group(),
   thumbq.groups_completed_event(), thumbq.enqueue_events(integer, integer)
+  from public, anon, authenticated;
+
+-- Privileges (008_grants.sql): Postgres grants EXECUTE on a new function to PUBLIC; take it back
+-- from the API roles. service_role keeps it (008's default privileges).
+revoke execute on function
+  thumbq.start_run(text, integer, integer, integer),
+  thumbq.finish_run(bigint, jsonb, jsonb),
+  thumbq.queue_metrics(text),
+  thumbq.work_metrics()
   from public, anon, authenticated;

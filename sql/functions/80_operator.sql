@@ -3,11 +3,6 @@
 -- finished jobs, the last day of errors), never by the whole history, so the page costs the
 -- same with a million finished jobs as with none.
 
--- The dead-lettered jobs, newest first: what the page lists and replays, without reading the
--- finished jobs around them (a small index: only jobs that failed for good with a dead letter).
-create index if not exists jobs_dead_letters_idx on thumbq.jobs (completed_at desc, id desc)
-  where status = 'failed' and dlq_msg_id is not null;
-
 -- Each of thumbq's queues: its messages, the oldest one's age, and how many of its jobs run now
 -- (a running job keeps its message, invisible, until it ends).
 -- pgmq.metrics is called from plpgsql, resolved at call time, so that `alter extension pgmq

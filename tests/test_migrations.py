@@ -11,16 +11,20 @@ thumbq with a fresh install, on the pgmq extension at the versions Supabase ship
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
+import re
 import shutil
 import subprocess
 import sys
 import tarfile
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from tests.pgtools import (
@@ -218,7 +222,157 @@ def test_supabase_config_is_a_cli_project_exposing_thumbq() -> None:
     assert cfg["db"]["major_version"] == 15
 
 
-# -- 2. upgrades on the real pgmq extension -----------------------------------------------------
+# -- 2. one current source ----------------------------------------------------------------------
+
+# Functions that 0.1.0 creates only where their platform exists (006 where Realtime's
+# realtime.send does, 007 where pg_cron does), inside its guarded set-up; never replaced since.
+GUARDED_IN_RELEASED_FILES = {"thumbq.call_api", "thumbq.groups_broadcast"}
+
+
+def _defined(kind: str) -> Counter[str]:
+    """How many times the function files define each object of `kind` (function, view,
+    trigger), by name."""
+    pattern = {
+        "function": r"^create or replace function (thumbq\.\w+)\(",
+        "view": r"^create or replace view (thumbq\.\w+)",
+        "trigger": r"^\s*create trigger (\w+)",
+    }[kind]
+    found: Counter[str] = Counter()
+    for path in sorted((db.sql_dir() / "functions").glob("*.sql")):
+        found.update(re.findall(pattern, path.read_text(encoding="utf-8"), re.MULTILINE))
+    return found
+
+
+def test_every_function_view_and_trigger_is_defined_once_in_a_function_file(
+    conn: db.Conn,
+) -> None:
+    functions = Counter(
+        r["name"]
+        for r in conn.execute(
+            "select 'thumbq.' || proname as name from pg_proc"
+            " where pronamespace = 'thumbq'::regnamespace"
+        )
+    )
+    defined = _defined("function")
+    assert all(n == 1 for n in defined.values()), "a function defined twice in sql/functions/"
+    # Nothing else: no dead function of an earlier file (a fresh database runs 002 and 003).
+    assert functions - Counter(GUARDED_IN_RELEASED_FILES) == defined
+    views = {
+        r["name"]
+        for r in conn.execute(
+            "select 'thumbq.' || viewname as name from pg_views where schemaname = 'thumbq'"
+        )
+    }
+    assert views == set(_defined("view"))
+    triggers = {
+        r["tgname"]
+        for r in conn.execute(
+            "select tgname from pg_trigger t join pg_class c on c.oid = t.tgrelid"
+            " where c.relnamespace = 'thumbq'::regnamespace and not t.tgisinternal"
+        )
+    }
+    # The storage triggers live on storage.objects (Supabase), created by watch_storage.
+    assert triggers <= set(_defined("trigger"))
+    assert {"jobs_groups_insert", "groups_completed_event"} <= triggers
+
+
+def test_nothing_the_retired_list_drops_exists_after_db_init(conn: db.Conn) -> None:
+    text = (db.sql_dir() / "retired.sql").read_text(encoding="utf-8")
+    functions = re.findall(r"^drop function if exists (thumbq\.\w+\([^;]*\));$", text, re.M)
+    types = re.findall(r"^drop type if exists (thumbq\.\w+);$", text, re.M)
+    assert functions and types
+    for fn in functions:
+        # A retired signature that a function file still defines would exist here.
+        try:
+            row = conn.execute("select to_regprocedure(%s) is null as gone", [fn]).fetchone()
+        except psycopg.errors.UndefinedObject:  # an argument's type is retired too
+            row = {"gone": True}
+        assert row == {"gone": True}, f"{fn} is retired but defined"
+    for t in types:
+        assert conn.execute("select to_regtype(%s) is null as gone", [t]).fetchone() == {
+            "gone": True
+        }
+
+
+def test_no_sql_file_outside_the_0_1_0_chain_is_over_600_lines() -> None:
+    frozen = {p for p, r in db.released_files().items() if r.version == "0.1.0"}
+    sizes = {
+        p.relative_to(ROOT).as_posix(): len(p.read_text(encoding="utf-8").splitlines())
+        for p in sorted((ROOT / "sql").rglob("*.sql"))
+    }
+    assert len(sizes) > len([p for p in frozen if p.startswith("sql/")])
+    big = {p: n for p, n in sizes.items() if p not in frozen and n > 600}
+    assert not big, f"split these by concern: {big}"
+
+
+def _release(sql: Path, out: Path, version: str) -> None:
+    """Record the pending migration and the new versioned files as released (what a release
+    does to sql/released.json, docs/migrations.md)."""
+    manifest = json.loads((sql / "released.json").read_text(encoding="utf-8"))
+    known = set(db.released_files())
+    files = {
+        f"sql/{p.name}": db.file_sha256(p)
+        for p in sorted(sql.glob("[0-9][0-9][0-9]_*.sql"))
+        if f"sql/{p.name}" not in known
+    }
+    files |= {
+        f"supabase/migrations/{p.name}": db.file_sha256(p)
+        for p in sorted(out.glob("*.sql"))
+        if f"supabase/migrations/{p.name}" not in known
+    }
+    manifest["releases"].append({"version": version, "commit": "0000000", "files": files})
+    (sql / "released.json").write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+    db.released_files.cache_clear()
+
+
+def test_the_next_migration_holds_only_what_changed_since_the_last_release(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, new_db: Callable[[], str]
+) -> None:
+    sql = _sql_copy(tmp_path)
+    out = tmp_path / "migrations"
+    shutil.copytree(MIGRATIONS, out)
+    monkeypatch.setattr(db, "sql_dir", lambda: sql)
+    monkeypatch.setattr(db, "released_files", functools.cache(db.released_files.__wrapped__))
+    _release(sql, out, "0.2.0")
+    shipped = {p.name: p.read_bytes() for p in out.glob("*.sql")}
+    assert [p.name for p in export(out)] == sorted(shipped)  # nothing changed: nothing new
+
+    # One function changes, one column is added, one function is retired.
+    claim = sql / "functions" / "40_claim.sql"
+    claim.write_text(
+        claim.read_text(encoding="utf-8").replace("returns jsonb", "returns jsonb\n-- changed", 1),
+        encoding="utf-8",
+    )
+    (sql / "011_note.sql").write_text(
+        "alter table thumbq.batch_runs add column if not exists note text;\n", encoding="utf-8"
+    )
+    with (sql / "retired.sql").open("a", encoding="utf-8") as f:
+        f.write("drop function if exists thumbq.no_longer_there(text);\n")
+    paths = export(out)
+    assert {p.name: p.read_bytes() for p in paths if p.name in shipped} == shipped
+    [new] = [p for p in paths if p.name not in shipped]
+    assert new.name == f"{int(max(shipped).partition('_')[0]) + 1}_thumbq_011_note.sql"
+    recorded = re.findall(r"^values \('([^']+)'", new.read_text(encoding="utf-8"), re.M)
+    assert recorded == ["011_note", "retired", "functions/40_claim"]
+
+    # Pushed on a project at the last release, the chain gives what `db init` gives.
+    fresh = new_db()
+    with db.connect(fresh) as conn:
+        supabase_roles(conn)
+        install_pgmq(conn, PGMQ_EXTENSION_VERSIONS[0])
+        db.init_schema(conn)
+    url = new_db()
+    with db.connect(url) as conn:
+        supabase_roles(conn)
+        install_pgmq(conn, PGMQ_EXTENSION_VERSIONS[0])
+        chain = {p.name: p.read_text(encoding="utf-8") for p in sorted(out.glob("*.sql"))}
+        supabase_push(conn, {n: t for n, t in chain.items() if n in shipped})
+        assert supabase_push(conn, chain) == [new.name]
+        assert db.init_schema(conn)["applied"] == []
+    assert schema_dump(url) == schema_dump(fresh)
+
+
+# -- 3. upgrades on the real pgmq extension -----------------------------------------------------
 
 
 @pytest.mark.parametrize("pgmq", PGMQ_EXTENSION_VERSIONS)

@@ -150,10 +150,11 @@ create index if not exists jobs_live_task_idx on thumbq.jobs (task, status)
 
 -- Events and their outbox ------------------------------------------------------------------
 
--- What happened that a webhook tells (group.completed). Rows are written by the trigger below
--- and turned into `webhook` jobs by thumbq.enqueue_events, in a transaction of its own, so that
--- no job is ever enqueued from inside a group row's trigger (that would take job rows and
--- messages after a group row, against the lock order of 010_concurrency.sql).
+-- What happened that a webhook tells (group.completed). Rows are written by the trigger
+-- groups_completed_event and turned into `webhook` jobs by thumbq.enqueue_events
+-- (sql/functions/70_runs_metrics.sql), in a transaction of its own, so that no job is ever
+-- enqueued from inside a group row's trigger (that would take job rows and messages after a
+-- group row, against the lock order of sql/functions/10_helpers.sql).
 create table if not exists thumbq.events (
   id          uuid primary key default gen_random_uuid(),
   type        text not null check (length(type) between 1 and 100),

@@ -119,7 +119,8 @@ select source_key, thumbnail_key
 select 1 as ok
 
 -- name: progress_as_user
--- progress as a user sees it through RLS, in one statement (010's progress_as_user_v2).
+-- progress as a user sees it through RLS, in one statement (progress_as_user_v2,
+-- sql/functions/20_groups_progress.sql).
 select * from thumbq.progress_as_user_v2(%(claims)s, %(group_id)s)
 
 -- name: act_as_user
@@ -181,7 +182,7 @@ select id from thumbq.jobs
 -- its job fits in the caller's wait (a small table: kinds x size classes).
 select kind, size_class, samples, ewma_ms, max_ms from thumbq.render_stats
 
--- Operator page (api/operator.py, sql/013_operator.sql) ------------------------------------
+-- Operator page (api/operator.py, sql/functions/80_operator.sql) --------------------------
 
 -- name: operator_overview
 select thumbq.operator_overview(%(limit)s) as overview
@@ -202,7 +203,7 @@ select to_regnamespace('thumbq') is not null as has_thumbq,
                      or exists (select 1 from pg_proc p where p.pronamespace = n.oid))
               order by 1) as schemas
 
--- Operations: metrics and webhook events (sql/012_operations.sql) ---------------------------
+-- Operations: metrics and webhook events (sql/functions/70_runs_metrics.sql) -------------
 
 -- name: metrics
 -- Every sample of GET /metrics in one statement; bounded by the backlog and the last hour.

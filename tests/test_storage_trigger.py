@@ -1,4 +1,4 @@
-"""New uploads to Supabase Storage enqueue themselves (sql/011_storage_trigger.sql).
+"""New uploads to Supabase Storage enqueue themselves (sql/functions/75_storage_trigger.sql).
 
 Supabase Storage keeps one row per object in `storage.objects`; these tests build that table
 as Supabase's storage migrations define it (columns, generated path_tokens, the unique name

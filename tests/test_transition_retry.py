@@ -1,12 +1,13 @@
 """A real deadlock inside a transition is retried there, and its caller never sees it.
 
-Every transition takes job rows before group rows (sql/010_concurrency.sql's lock order); an
-operator's own transaction that locks a group row and then one of its job rows closes a cycle
-with it. The scene, on three connections: the operator locks the group row; the transition
-takes the job row and waits for the group row; the operator then asks for the job row. The
-transition started waiting first, so its deadlock check (deadlock_timeout, 1 s) fires first and
-it is the one Postgres aborts (the operator's check is set to 30 s): the transition must catch
-`deadlock_detected`, roll back its attempt, wait for the operator to finish and succeed.
+Every transition takes job rows before group rows (the lock order written in
+sql/functions/10_helpers.sql); an operator's own transaction that locks a group row and then one
+of its job rows closes a cycle with it. The scene, on three connections: the operator locks the
+group row; the transition takes the job row and waits for the group row; the operator then asks
+for the job row. The transition started waiting first, so its deadlock check (deadlock_timeout,
+1 s) fires first and it is the one Postgres aborts (the operator's check is set to 30 s): the
+transition must catch `deadlock_detected`, roll back its attempt, wait for the operator to
+finish and succeed.
 
 A caught error is not written to the server's log, so the test counts the deadlock where
 Postgres counts every one it detects, `pg_stat_database.deadlocks` of the test's database: it

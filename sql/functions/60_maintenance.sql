@@ -186,7 +186,8 @@ $$;
 
 -- Prune history older than p_days in one bounded chunk of at most p_limit rows per kind:
 -- terminal jobs (with their dead letters), batch runs, and pgmq's archive of thumbq's queues.
--- Group rows stay, and so does a failed or unsupported job that holds its ordering key. Returns what it deleted; call again until everything is 0.
+-- Group rows stay, and so does a failed or unsupported job that holds its ordering key.
+-- Returns what it deleted; call again until everything is 0.
 create or replace function thumbq.prune(p_days integer, p_limit integer default 5000)
 returns jsonb
 language plpgsql

@@ -72,7 +72,7 @@ $$;
 
 -- pgmq's metrics through a plpgsql function, whose body is resolved at call time: a view that
 -- called pgmq.metrics directly would stop `alter extension pgmq update` (1.4.4 -> 1.5) from
--- re-creating it (011's queue_overview reads it the same way).
+-- re-creating it (the queue_overview view reads it the same way).
 create or replace function thumbq.queue_metrics(p_queue text)
 returns table (queue_length bigint, newest_msg_age_sec integer, oldest_msg_age_sec integer)
 language plpgsql
@@ -102,7 +102,7 @@ $$;
 -- Metrics --------------------------------------------------------------------------------
 
 -- One row per sample: metric name, labels, value. A plpgsql function, whose body is resolved
--- at call time, so that pgmq can be upgraded under it (see 010's queue_metrics). Histograms
+-- at call time, so that pgmq can be upgraded under it (see queue_metrics above). Histograms
 -- are cumulative buckets (`le`) plus their `_count` and `_sum`: render times over the last
 -- 15 minutes (three ticks of the 5-minute schedule), batch runs over the last hour (a few
 -- rows). Each is one pass over its window: rows are counted by bucket (width_bucket), then

@@ -21,7 +21,8 @@ create or replace function thumbq.cancel_source(p_source_key text,
 returns integer
 language sql
 as $$
-  -- cancel_jobs (010) keeps the one lock order: job rows, then messages, then group rows.
+  -- cancel_jobs (60_maintenance.sql) keeps the one lock order: job rows, then messages, then
+  -- group rows.
   select thumbq.cancel_jobs(array(select j.id from thumbq.jobs j
                                    where j.source_key = p_source_key and j.status = 'pending'),
                             'source_missing', p_reason)

@@ -6,7 +6,7 @@
 -- Each of thumbq's queues: its messages, the oldest one's age, and how many of its jobs run now
 -- (a running job keeps its message, invisible, until it ends).
 -- pgmq.metrics is called from plpgsql, resolved at call time, so that `alter extension pgmq
--- update` can re-create it under thumbq (as 010's queue_metrics does).
+-- update` can re-create it under thumbq (as queue_metrics does).
 create or replace function thumbq.operator_queues()
 returns table (queue_name text, priority integer, depth bigint, oldest_age_s integer,
                in_flight bigint)

@@ -4,9 +4,9 @@
 -- `alter extension pgmq update` (1.4.4 -> 1.5, as Supabase offers) drops and re-creates
 -- pgmq.metrics, and Postgres refused while thumbq.queue_overview called it directly ("cannot
 -- drop function metrics(text) because other objects depend on it"). The view reads the metrics
--- through plpgsql functions instead (010's queue_metrics and work_metrics), whose bodies are
--- resolved at call time, so pgmq can be upgraded under thumbq. The work queues are summed over
--- every priority.
+-- through plpgsql functions instead (queue_metrics and work_metrics, 70_runs_metrics.sql),
+-- whose bodies are resolved at call time, so pgmq can be upgraded under thumbq. The work queues
+-- are summed over every priority.
 create or replace view thumbq.queue_overview as
 select q.queue_length,
        greatest(g.pending - coalesce(d.delayed, 0), 0)::bigint as visible,

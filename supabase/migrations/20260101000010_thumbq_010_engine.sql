@@ -160,10 +160,11 @@ create index if not exists jobs_live_task_idx on thumbq.jobs (task, status)
 
 -- Events and their outbox ------------------------------------------------------------------
 
--- What happened that a webhook tells (group.completed). Rows are written by the trigger below
--- and turned into `webhook` jobs by thumbq.enqueue_events, in a transaction of its own, so that
--- no job is ever enqueued from inside a group row's trigger (that would take job rows and
--- messages after a group row, against the lock order of 010_concurrency.sql).
+-- What happened that a webhook tells (group.completed). Rows are written by the trigger
+-- groups_completed_event and turned into `webhook` jobs by thumbq.enqueue_events
+-- (sql/functions/70_runs_metrics.sql), in a transaction of its own, so that no job is ever
+-- enqueued from inside a group row's trigger (that would take job rows and messages after a
+-- group row, against the lock order of sql/functions/10_helpers.sql).
 create table if not exists thumbq.events (
   id          uuid primary key default gen_random_uuid(),
   type        text not null check (length(type) between 1 and 100),
@@ -222,7 +223,7 @@ end
 $$;
 
 insert into thumbq.schema_migrations (version, checksum)
-values ('010_engine', '2b82fa075075aef7fb3a67de255fc96c516ff2db5c4e5e248888c70c2f2f8be8')
+values ('010_engine', '37953aa09b86c461920b73b885ba7f49ef6c9deb894d364f08454ac3782de86a')
 on conflict (version) do update set checksum = excluded.checksum, applied_at = clock_timestamp();
 
 -- sql/retired.sql ---------------------------------------------------------------------------------
@@ -2483,7 +2484,8 @@ $$;
 
 -- Prune history older than p_days in one bounded chunk of at most p_limit rows per kind:
 -- terminal jobs (with their dead letters), batch runs, and pgmq's archive of thumbq's queues.
--- Group rows stay, and so does a failed or unsupported job that holds its ordering key. Returns what it deleted; call again until everything is 0.
+-- Group rows stay, and so does a failed or unsupported job that holds its ordering key.
+-- Returns what it deleted; call again until everything is 0.
 create or replace function thumbq.prune(p_days integer, p_limit integer default 5000)
 returns jsonb
 language plpgsql
@@ -2560,7 +2562,7 @@ revoke execute on function
   from public, anon, authenticated;
 
 insert into thumbq.schema_migrations (version, checksum)
-values ('functions/60_maintenance', 'f408d52202623db0c3a3b09dc8d602a6ee3a018968bf44d9f5f032ad3955b2c9')
+values ('functions/60_maintenance', '61f96fc0f442935e2689fc21f4d76a4aee9c5fac3d7e4e28716aeb451d4fef3b')
 on conflict (version) do update set checksum = excluded.checksum, applied_at = clock_timestamp();
 
 -- sql/functions/70_runs_metrics.sql ---------------------------------------------------------------
@@ -2639,7 +2641,7 @@ $$;
 
 -- pgmq's metrics through a plpgsql function, whose body is resolved at call time: a view that
 -- called pgmq.metrics directly would stop `alter extension pgmq update` (1.4.4 -> 1.5) from
--- re-creating it (011's queue_overview reads it the same way).
+-- re-creating it (the queue_overview view reads it the same way).
 create or replace function thumbq.queue_metrics(p_queue text)
 returns table (queue_length bigint, newest_msg_age_sec integer, oldest_msg_age_sec integer)
 language plpgsql
@@ -2669,7 +2671,7 @@ $$;
 -- Metrics --------------------------------------------------------------------------------
 
 -- One row per sample: metric name, labels, value. A plpgsql function, whose body is resolved
--- at call time, so that pgmq can be upgraded under it (see 010's queue_metrics). Histograms
+-- at call time, so that pgmq can be upgraded under it (see queue_metrics above). Histograms
 -- are cumulative buckets (`le`) plus their `_count` and `_sum`: render times over the last
 -- 15 minutes (three ticks of the 5-minute schedule), batch runs over the last hour (a few
 -- rows). Each is one pass over its window: rows are counted by bucket (width_bucket), then
@@ -2910,7 +2912,7 @@ revoke execute on function
   from public, anon, authenticated;
 
 insert into thumbq.schema_migrations (version, checksum)
-values ('functions/70_runs_metrics', 'c086751744ecba602a6a2f68ddee7c1ba1565d9a94957a3dc1f8d1bebc834011')
+values ('functions/70_runs_metrics', 'a43fca91a39dc5c877c857ac2631465eae23f047173fd26a75012dec2c52c157')
 on conflict (version) do update set checksum = excluded.checksum, applied_at = clock_timestamp();
 
 -- sql/functions/75_storage_trigger.sql ------------------------------------------------------------
@@ -2938,7 +2940,8 @@ create or replace function thumbq.cancel_source(p_source_key text,
 returns integer
 language sql
 as $$
-  -- cancel_jobs (010) keeps the one lock order: job rows, then messages, then group rows.
+  -- cancel_jobs (60_maintenance.sql) keeps the one lock order: job rows, then messages, then
+  -- group rows.
   select thumbq.cancel_jobs(array(select j.id from thumbq.jobs j
                                    where j.source_key = p_source_key and j.status = 'pending'),
                             'source_missing', p_reason)
@@ -3090,7 +3093,7 @@ $$;
 revoke all on function thumbq.unwatch_storage(text, text) from public, anon, authenticated;
 
 insert into thumbq.schema_migrations (version, checksum)
-values ('functions/75_storage_trigger', 'ed5758f17ad464e6a9158eb74ee4f13d9ce19362e2b858c37d442a3ad56cc940')
+values ('functions/75_storage_trigger', 'f927c2ff3d9ac349ed60c377eff58414b19fcc4bf498d9bc92352c6bf2782212')
 on conflict (version) do update set checksum = excluded.checksum, applied_at = clock_timestamp();
 
 -- sql/functions/80_operator.sql -------------------------------------------------------------------
@@ -3103,7 +3106,7 @@ on conflict (version) do update set checksum = excluded.checksum, applied_at = c
 -- Each of thumbq's queues: its messages, the oldest one's age, and how many of its jobs run now
 -- (a running job keeps its message, invisible, until it ends).
 -- pgmq.metrics is called from plpgsql, resolved at call time, so that `alter extension pgmq
--- update` can re-create it under thumbq (as 010's queue_metrics does).
+-- update` can re-create it under thumbq (as queue_metrics does).
 create or replace function thumbq.operator_queues()
 returns table (queue_name text, priority integer, depth bigint, oldest_age_s integer,
                in_flight bigint)
@@ -3292,7 +3295,7 @@ end
 $$;
 
 insert into thumbq.schema_migrations (version, checksum)
-values ('functions/80_operator', '5bb2e61d711c2fa41a2d84423494bcb3bfa93b383423fe198367e6eb2406eabd')
+values ('functions/80_operator', 'b9e9706acd056881eb419d2c81810a5a07f8cb2796721f6972acaf50ebb4a6a9')
 on conflict (version) do update set checksum = excluded.checksum, applied_at = clock_timestamp();
 
 -- sql/functions/85_schedule.sql -------------------------------------------------------------------
@@ -3390,9 +3393,9 @@ on conflict (version) do update set checksum = excluded.checksum, applied_at = c
 -- `alter extension pgmq update` (1.4.4 -> 1.5, as Supabase offers) drops and re-creates
 -- pgmq.metrics, and Postgres refused while thumbq.queue_overview called it directly ("cannot
 -- drop function metrics(text) because other objects depend on it"). The view reads the metrics
--- through plpgsql functions instead (010's queue_metrics and work_metrics), whose bodies are
--- resolved at call time, so pgmq can be upgraded under thumbq. The work queues are summed over
--- every priority.
+-- through plpgsql functions instead (queue_metrics and work_metrics, 70_runs_metrics.sql),
+-- whose bodies are resolved at call time, so pgmq can be upgraded under thumbq. The work queues
+-- are summed over every priority.
 create or replace view thumbq.queue_overview as
 select q.queue_length,
        greatest(g.pending - coalesce(d.delayed, 0), 0)::bigint as visible,
@@ -3490,7 +3493,7 @@ revoke all on thumbq.metrics from public, anon, authenticated;
 grant select on thumbq.metrics to service_role;
 
 insert into thumbq.schema_migrations (version, checksum)
-values ('functions/90_views', 'c3be42835c071bd2f68977e202ce132acece4fc486454ee353d47e74bd354436')
+values ('functions/90_views', 'cdd3778a625313697fc9d0c39a2523279fc8eeb71024769df7ef2189cf8687dc')
 on conflict (version) do update set checksum = excluded.checksum, applied_at = clock_timestamp();
 
 commit;

@@ -200,7 +200,8 @@ ADMIN_CALLS = [
     "select * from thumbq.take_tokens('thumbnail_generation', 500)",
     "select thumbq.refund_tokens('thumbnail_generation', 500)",
     "select thumbq.start_run('user-a', 1000, 0, 1)",
-    "select thumbq.apply_group_deltas(array[row('b-group', 'completed', 100)::thumbq.group_delta])",
+    "select thumbq.apply_group_changes("
+    "array[row('b-group', 'completed', 100, 0, 0)::thumbq.group_change])",
     "select pgmq.purge_queue('thumbq_jobs')",
     "select pgmq.send('thumbq_jobs', '{\"job_id\": 1}')",
 ]

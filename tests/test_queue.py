@@ -65,7 +65,7 @@ def group_rows(conn: db.Conn) -> dict[str, dict[str, int]]:
 
 def test_only_the_pgmq_1_4_4_api_is_called() -> None:
     calls: Counter[str] = Counter()
-    files = [*ROOT.glob("sql/*.sql"), *ROOT.glob("worker/**/*.py")]
+    files = [*ROOT.glob("sql/**/*.sql"), *ROOT.glob("worker/**/*.py")]
     for path in files:
         for name in re.findall(r"pgmq\.\"?(\w+)\"?\s*\(", path.read_text()):
             calls[name] += 1

@@ -246,13 +246,17 @@ def test_only_progress_and_the_policy_helper_are_callable_by_signed_in_users(
 
 
 def test_reapplying_the_function_files_keeps_the_grants(conn: db.Conn) -> None:
-    """`db init` re-applies a changed file and every later one; `create or replace` must not
-    reopen anything (nor may a function that a later file replaced come back)."""
+    """`db init` re-applies a changed function file, or a changed versioned file, every later
+    one and every function file; `create or replace` must not reopen anything (nor may a
+    function that a later file replaced come back)."""
     files = db.schema_files()
+    current = [path for _, path in db.repeatable_files()]
     for name in ("003_functions.sql", "004_views.sql", "006_realtime.sql"):
         start = [p.name for p in files].index(name)
-        for path in files[start:]:
+        for path in [*files[start:], *current]:
             conn.execute(path.read_bytes())
+    for path in current:
+        conn.execute(path.read_bytes())
     row = conn.execute(
         "select bool_or(has_function_privilege('authenticated', p.oid, 'execute'))"
         " filter (where p.proname not in ('progress', 'progress_v2', 'request_user_id')) as users,"

@@ -460,7 +460,8 @@ def _new_files_since(commit: str) -> list[str]:
 def test_db_init_on_a_database_set_up_by_0_1_0_applies_only_new_files(
     pgmq: str, new_db: Callable[[], str], tmp_path: Path
 ) -> None:
-    fresh = _fresh_install(new_db(), pgmq)
+    fresh_url = new_db()
+    fresh = _fresh_install(fresh_url, pgmq)
     url = new_db()
     with db.connect(url) as conn:
         supabase_roles(conn)
@@ -471,6 +472,8 @@ def test_db_init_on_a_database_set_up_by_0_1_0_applies_only_new_files(
         assert result["applied"] == _new_files_since(RELEASE)
         assert db.init_schema(conn)["applied"] == []
     assert schema_dump(url) == fresh
+    # And what thumbq owns in pgmq's schema: its queues (one per priority) and their grants.
+    assert schema_dump(url, "pgmq") == schema_dump(fresh_url, "pgmq")
 
 
 def test_db_init_on_a_database_set_up_before_0_1_0_reapplies_the_edited_file(

@@ -110,7 +110,7 @@ begin
 end
 $$;
 
--- Group summaries with progress -------------------------------------------------------------
+-- Group summaries with progress: one statement's changes, as apply_group_changes takes them ----
 
 do $$
 begin
@@ -130,6 +130,8 @@ $$;
 create index if not exists jobs_group_errors_idx on thumbq.jobs (group_id, updated_at desc)
   where error_code is not null;
 
+-- The buckets and prefixes whose new uploads enqueue themselves (thumbq.watch_storage,
+-- sql/functions/75_storage_trigger.sql).
 create table if not exists thumbq.storage_sources (
   bucket_id text not null,
   prefix text not null default '',

@@ -120,7 +120,7 @@ begin
 end
 $$;
 
--- Group summaries with progress -------------------------------------------------------------
+-- Group summaries with progress: one statement's changes, as apply_group_changes takes them ----
 
 do $$
 begin
@@ -140,6 +140,8 @@ $$;
 create index if not exists jobs_group_errors_idx on thumbq.jobs (group_id, updated_at desc)
   where error_code is not null;
 
+-- The buckets and prefixes whose new uploads enqueue themselves (thumbq.watch_storage,
+-- sql/functions/75_storage_trigger.sql).
 create table if not exists thumbq.storage_sources (
   bucket_id text not null,
   prefix text not null default '',
@@ -223,7 +225,7 @@ end
 $$;
 
 insert into thumbq.schema_migrations (version, checksum)
-values ('010_engine', '37953aa09b86c461920b73b885ba7f49ef6c9deb894d364f08454ac3782de86a')
+values ('010_engine', '16aca95469fb2f3239ad126216c2ec8d87fb08ad4ec784d232b1dc7ffe3f40c1')
 on conflict (version) do update set checksum = excluded.checksum, applied_at = clock_timestamp();
 
 -- sql/retired.sql ---------------------------------------------------------------------------------

@@ -11,8 +11,14 @@
    their plpgsql bodies (auto_explain with nested statements), and the indexes of thumbq.jobs
    those plans read.
 
+3. Variants (`--compare a.sql,b.sql`): the drain on a database per SQL file applied after the
+   schema (bench/queue_variants/: a fillfactor, an index set, the group trigger off), beside
+   the schema as it is, interleaved round after round.
+
 Run: python -m bench.queue_indexes [--items 5000] [--rounds 5] [--only NAME,NAME]
-Results: bench/results/queue_indexes.json.
+     python -m bench.queue_indexes --plans-only [--apply variant.sql]
+     python -m bench.queue_indexes --compare bench/queue_variants/x.sql,... [--rounds 5]
+Results: bench/results/queue_indexes.json, queue_plans.json, queue_compare.json.
 """
 
 from __future__ import annotations
@@ -245,7 +251,7 @@ def main() -> None:
             conn.execute(Path(args.apply).read_text().encode())
         full = indexes(conn)
     if args.plans_only:
-        print(json.dumps({"indexes": full, "plans_read": plans(url)}, indent=2))
+        write_result("queue_plans", {"applied": args.apply, "plans_read": plans(url)})
         return
     result = {
         "items": args.items,

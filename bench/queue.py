@@ -1,6 +1,6 @@
 """Engine overhead per item against raw pgmq and PgQueuer, on one database server in one run.
 
-Five ways to move N jobs through Postgres with nothing to do per item, one consumer each:
+Six ways to move N jobs through Postgres with nothing to do per item, one consumer each:
 - PgQueuer (asyncpg, uvloop), the baseline of a Postgres job queue in Python: its own database,
   `run(batch_size=50, mode=drain)` with a no-op entrypoint, timed from its first dequeue to the
   end of the drain (it deletes each job row at the end and appends to its log);
@@ -19,9 +19,12 @@ Five ways to move N jobs through Postgres with nothing to do per item, one consu
   no Python layer. It is not a queue anyone should run (a lease that expires is taken twice);
   it shows how close to raw pgmq any engine under that contract can get on this machine.
 
-Each round runs the five drains one after another, so that the server's load is alike for
+Each round runs the six drains one after another, so that the server's load is alike for
 all of them; the result is each one's median over the rounds and its ratio to PgQueuer's and
-to raw pgmq's medians. PgQueuer runs only where it is installed (the `test` extra).
+to raw pgmq's medians, and the CPU each spent per job: the consumer's process and its server
+backend (read from /proc where the server runs on this machine), steadier than the wall clock
+when other work shares the machine. PgQueuer runs only where it is installed (the `test`
+extra; `--no-pgqueuer` leaves it out).
 
 Run: python -m bench.queue [--items 5000] [--rounds 5]  (as a module: run by path, this file
 would shadow the standard library's queue module)

@@ -1,4 +1,6 @@
-"""A lean deployment (issue 21, item 6): a library the install lacks is named where it is
+"""A lean deployment (issue 21, item 6): the serverless function installs the project's own
+dependencies, measured under AWS Lambda's 250 MiB by bench/bundle.py, while the README's
+`pip install '.[local]'` brings everything; a library the install lacks is named where it is
 needed, never a traceback.
 
 The missing libraries are real: each test runs the installed `thumbq` in a subprocess whose
@@ -9,9 +11,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
+import tomllib
+from importlib.metadata import distribution
 from pathlib import Path
 from typing import Any
+
+import pytest
+from packaging.requirements import Requirement
 
 from bench.corpus import a4_pdf, small_jpeg
 from tests import formats_corpus as fc
@@ -22,6 +30,59 @@ from worker.render import heif
 from worker.storage import open_storage
 
 ROOT = Path(__file__).resolve().parent.parent
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+BUNDLE = json.loads((ROOT / "bench" / "results" / "bundle.json").read_text())
+LAMBDA_LIMIT = 250 * 1024 * 1024
+
+
+def _key(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _closure(requirements: list[str]) -> set[str]:
+    """The distributions `requirements` pull in on this machine, transitively (thumbq's own
+    extras read from pyproject.toml, the others' requirements from their installed metadata)."""
+    seen: set[tuple[str, frozenset[str]]] = set()
+    todo = [(r, frozenset[str]()) for r in requirements]
+    while todo:
+        text, asked = todo.pop()
+        req = Requirement(text)
+        if req.marker and not any(req.marker.evaluate({"extra": e}) for e in asked or {""}):
+            continue
+        name, extras = _key(req.name), frozenset(req.extras)
+        if (name, extras) in seen:
+            continue
+        seen.add((name, extras))
+        if name == "thumbq":
+            todo += [(r, frozenset[str]()) for r in _extra(req.extras)]
+        else:
+            todo += [(r, extras) for r in distribution(req.name).requires or ()]
+    return {name for name, _ in seen} - {"thumbq"}
+
+
+def _extra(names: set[str] | list[str]) -> list[str]:
+    return [r for n in names for r in PYPROJECT["optional-dependencies"][n]]
+
+
+def test_the_functions_install_is_measured_under_lambdas_limit_and_the_measure_is_current() -> None:
+    function = BUNDLE["sets"]["function"]
+    assert function["total_bytes"] < LAMBDA_LIMIT, function["total_mib"]
+    measured = {_key(d["name"]) for d in function["distributions"]} - {"thumbq"}
+    # What bench/bundle.py installed is what pyproject.toml's dependencies pull in today: a
+    # dependency added since the measurement makes this fail until bench/bundle.py runs again.
+    assert measured == _closure(PYPROJECT["dependencies"])
+    assert not {"av", "pgserver"} & measured
+
+
+def test_the_readmes_install_command_brings_what_the_function_leaves_out() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "pip install '.[local]' && thumbq up" in readme
+    local = _closure(_extra({"local"}))
+    assert {"av", "pgserver"} <= local
+    # The tests run on the README's local install, and the `local` set was measured too.
+    assert {"av", "pgserver"} <= _closure(_extra({"test"}))
+    measured = {_key(d["name"]) for d in BUNDLE["sets"]["local"]["distributions"]}
+    assert {"av", "pgserver"} <= measured
 
 
 # Loaded at start-up: importing any of THUMBQ_BLOCK's modules fails as where it is not installed.
@@ -121,3 +182,23 @@ def test_a_pdf_without_pymupdf_is_unsupported_and_pictures_still_render(
     jobs = _run(tmp_path, db_url, "pymupdf,fitz", {"a.pdf": a4_pdf(), "p.jpg": small_jpeg()})
     _unsupported_naming(jobs["a.pdf"], "pymupdf-lite", "pip install pymupdf-lite")
     assert jobs["p.jpg"]["status"] == "completed", jobs["p.jpg"]
+
+
+@pytest.mark.parametrize("command", [["up", "--port", "0"], ["status"]])
+def test_without_the_embedded_postgres_one_line_names_the_local_extra_and_database_url(
+    tmp_path: Path, command: list[str]
+) -> None:
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(_BLOCK)
+    env = user_env(
+        tmp_path,
+        THUMBQ_HOME=str(tmp_path / "home"),
+        THUMBQ_BLOCK="pgserver",
+        PYTHONPATH=os.pathsep.join([str(shim), str(ROOT)]),
+    )
+    proc = thumbq(*command, env=env, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "pip install 'thumbq[local]'" in lines[0] and "set DATABASE_URL" in lines[0]

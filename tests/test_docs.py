@@ -50,7 +50,10 @@ def test_the_readme_is_what_a_user_needs_first_and_the_reference_lives_in_docs()
     block = re.search(r"## Two commands.*?```sh\n(.*?)```", text, flags=re.S)
     assert block, "the two commands are in one sh block"
     commands = [line.split("#")[0].strip() for line in block.group(1).splitlines() if line.strip()]
-    assert commands == ["pip install . && thumbq up", "pip install '.[test]' && python -m pytest"]
+    assert commands == [
+        "pip install '.[local]' && thumbq up",
+        "pip install '.[test]' && python -m pytest",
+    ]
 
 
 def test_the_readme_lists_every_setting_thumbq_reads() -> None:

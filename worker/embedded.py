@@ -5,8 +5,9 @@ it, and it stops when the last command using it ends (or on `thumbq down`). So `
 in a second terminal reads the database `thumbq up` runs on, and neither starts a second
 server nor stops the other's. Who uses it is kept in the home's registry (worker/home.py).
 
-pgserver ships wheels for Linux x86_64 (glibc) and macOS only, so it is installed only there
-(an environment marker in pyproject.toml); elsewhere thumbq needs `DATABASE_URL`.
+pgserver ships wheels for Linux x86_64 (glibc) and macOS only, so the `local` extra installs it
+only there (an environment marker in pyproject.toml); elsewhere, and in a serverless function's
+lean install, thumbq needs `DATABASE_URL`.
 """
 
 from __future__ import annotations
@@ -47,9 +48,10 @@ def _pgserver() -> Any:
         except ImportError:
             where = f"{sys.platform} {platform.machine()}"
             raise EmbeddedUnavailable(
-                f"DATABASE_URL is not set and the embedded Postgres (pgserver, which has wheels "
-                f"for Linux x86_64 and macOS only) is not installed here ({where}): set "
-                "DATABASE_URL to a Postgres connection string, e.g. postgresql://user@host/db"
+                f"DATABASE_URL is not set and the embedded Postgres (pgserver, installed by "
+                f"pip install 'thumbq[local]' on Linux x86_64 and macOS) is not installed here "
+                f"({where}): set DATABASE_URL to a Postgres connection string, e.g. "
+                "postgresql://user@host/db"
             ) from None
     # pgserver logs a failed start with the server's whole log: thumbq says it in one line.
     logging.getLogger("pgserver").propagate = False

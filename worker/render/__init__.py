@@ -87,6 +87,28 @@ class Thumbnail:
     degraded: bool = False  # made by the cheaper fallback (see RenderOptions.degraded)
 
 
+# What provides each renderer's optional module, and the command that installs it.
+_INSTALL = {
+    "av": ("av (PyAV, FFmpeg)", "pip install 'thumbq[video]'"),
+    "pillow_heif": ("pillow-heif (libheif)", "pip install pillow-heif"),
+    "resvg_py": ("resvg-py", "pip install resvg-py"),
+    "pymupdf": ("pymupdf-lite (PyMuPDF)", "pip install pymupdf-lite"),
+    "fitz": ("pymupdf-lite (PyMuPDF)", "pip install pymupdf-lite"),
+    "PIL": ("pillow", "pip install pillow"),
+}
+
+
+def missing_library(exc: ModuleNotFoundError, source_type: str | None) -> ThumbqError:
+    """`unsupported_type` for a file whose renderer's library is not installed, naming it."""
+    module = (exc.name or str(exc)).split(".")[0]
+    package, command = _INSTALL.get(module, (module, f"pip install {module}"))
+    return ThumbqError(
+        UNSUPPORTED_TYPE,
+        f"cannot make a thumbnail of this {source_type or 'file'} here: it needs {package}, "
+        f"which is not installed ({command})",
+    )
+
+
 class MemoryLimitExceeded(ThumbqError):
     """Rendering ran out of memory: the input needs more than a render may use (`too_large`)."""
 
@@ -146,6 +168,10 @@ def render(data: bytes, declared_type: str | None, opts: RenderOptions) -> Thumb
         raise MemoryLimitExceeded(detected or "file") from None
     except (ThumbqError, AssertionError):
         raise  # classified already; or this code's own broken promise, not the file's
+    except ModuleNotFoundError as exc:
+        # A lean install (a serverless function's) may lack a format's library: this machine
+        # cannot render the type, and the message says what to install.
+        raise missing_library(exc, detected) from None
     except Exception as exc:
         # The format modules classify what their decoders raise; anything a decoder raises
         # beyond that is still this file's doing (a malformed structure no check foresaw), and

@@ -228,6 +228,10 @@ def open_heic(
         img, factor = heif.decode(pic, fit_inside((width, height), opts.size), HEIC_THREADS)
     except heif.NotForUs:
         return None
+    except ModuleNotFoundError as exc:
+        if exc.name != "av":
+            raise
+        return None  # no PyAV (the `video` extra): libheif decodes every HEIC, at full size
     draft_box = None
     if factor > 1:
         # The last row and column of shrunk pixels may be partly beyond the picture's edge.

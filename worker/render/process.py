@@ -760,8 +760,11 @@ def _zygote_main(control_fd: int) -> None:
     control = socket.socket(fileno=control_fd)
     # Children inherit these imports. Rendering a sample here as well was measured to save a
     # child's first render only a few ms, less than it cost the start of every pool.
-    import worker.render.image
-    import worker.render.pdf  # noqa: F401
+    # A library a lean install lacks fails only its format's renders, in the child, by name.
+    with contextlib.suppress(ImportError):
+        import worker.render.image
+    with contextlib.suppress(ImportError):
+        import worker.render.pdf  # noqa: F401
 
     zygote_pid = os.getpid()
 

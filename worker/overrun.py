@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from worker import db, tasks
-from worker.engine.states import Outcome
+from worker.engine.states import Outcome, failure_outcome
 from worker.log import log_event
 from worker.queue import ClaimedJob, Queue
 from worker.retry import Failure, classify
@@ -225,7 +225,7 @@ class Keeper:
             if ending.failure is not None:
                 f = ending.failure
                 r = queue.fail(k.worker_id, job, f.code, f.message, f.permanent, bound=call)
-                outcome = str(r.get("status")) if r.get("owned") else Outcome.SKIPPED
+                outcome = failure_outcome(bool(r.get("owned")), r.get("status"))
             elif ending.checkpoint:
                 done, total = ending.progress or (None, None)
                 r = queue.checkpoint(

@@ -14,7 +14,7 @@ from typing import Any
 
 from worker import db
 from worker.budget import RECORD_MS, Budget
-from worker.engine.states import COUNTED, JobStatus, Outcome
+from worker.engine.states import COUNTED, Outcome, failure_outcome
 from worker.errors import RENDER_TIMEOUT, STORAGE_TIMEOUT, ThumbqError
 from worker.queue import ClaimedJob, Queue
 from worker.retry import Failure, classify
@@ -141,16 +141,7 @@ class Recorder:
             # The lease runs out and the message comes back: nothing is lost.
             self.errors.append(f"could not record failure of job {job.id}: {db_exc}")
             return Outcome.UNRECORDED
-        if not outcome.get("owned"):
-            counted = Outcome.SKIPPED
-        elif outcome.get("status") == JobStatus.PENDING:
-            counted = Outcome.RETRIED
-        elif outcome.get("status") == JobStatus.UNSUPPORTED:
-            counted = Outcome.UNSUPPORTED
-        elif outcome.get("status") == JobStatus.CANCELLED:
-            counted = Outcome.MISSING  # the only failure that ends a job cancelled
-        else:
-            counted = Outcome.FAILED
+        counted = failure_outcome(bool(outcome.get("owned")), outcome.get("status"))
         self.count(counted)
         return counted
 

@@ -25,8 +25,6 @@ class JobStatus(StrEnum):
 FINAL_STATUSES = frozenset(
     {JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.UNSUPPORTED, JobStatus.CANCELLED}
 )
-# What a group still has to do: its `pending` and `processing` jobs.
-OPEN_STATUSES = frozenset(set(JobStatus) - FINAL_STATUSES)
 
 
 class Outcome(StrEnum):
@@ -71,6 +69,20 @@ FINAL_OUTCOMES = {
     Outcome.UNSUPPORTED: JobStatus.UNSUPPORTED,
     Outcome.MISSING: JobStatus.CANCELLED,
 }
+
+
+def failure_outcome(owned: bool, status: str | None) -> Outcome:
+    """How a failed item ended, from what thumbq.fail answered: whether the job was still this
+    run's, and the status it has now."""
+    if not owned:
+        return Outcome.SKIPPED
+    if status == JobStatus.PENDING:
+        return Outcome.RETRIED
+    if status == JobStatus.UNSUPPORTED:
+        return Outcome.UNSUPPORTED
+    if status == JobStatus.CANCELLED:
+        return Outcome.MISSING  # the only failure that ends a job cancelled
+    return Outcome.FAILED
 
 
 class StopReason(StrEnum):

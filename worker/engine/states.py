@@ -2,7 +2,7 @@
 
 A `StrEnum` member equals its string, so these go into JSON, SQL parameters and comparisons
 as the plain words they are. Where the schema keeps one of them in a column, a check
-constraint lists the same words (tests/test_states.py compares them with the live schema).
+constraint lists the same words (test_states compares them with the live schema).
 """
 
 from __future__ import annotations

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import importlib
-import importlib.util
 
 from flask import Flask
 
@@ -28,7 +26,7 @@ def create_app(
     `db_timeout_s` bounds how long a request waits for a database connection before it answers
     503; `pooled=False` opens one connection per request instead of keeping a pool.
     """
-    from api import errors, jobs, metrics, operator, ops, signed, stream, thumbnails
+    from api import errors, jobs, metrics, operator, ops, pages, signed, stream, thumbnails
     from api.openapi import bp as openapi_bp
 
     config = config or Config.from_env()
@@ -58,10 +56,5 @@ def create_app(
     app.register_blueprint(signed.bp)
     app.register_blueprint(operator.bp)
     app.register_blueprint(openapi_bp)
-    # The progress page lives in its own module, which may not exist in every build.
-    if importlib.util.find_spec("api.pages") is not None:
-        pages = importlib.import_module("api.pages")
-        page_bp = getattr(pages, "bp", None)
-        if page_bp is not None:
-            app.register_blueprint(page_bp)
+    app.register_blueprint(pages.bp)
     return app

@@ -57,12 +57,12 @@ from bench.common import scratch_database, write_result
 from bench.corpus import tiny_png
 from bench.soak_tasks import INVOCATION_ENV
 from worker import db
+from worker.engine.states import FINAL_STATUSES
 from worker.storage.file import FileStorage
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "soak-secret-0123456789abcdef"
 GROUP = "soak"
-TERMINAL = ("completed", "failed", "unsupported", "cancelled")
 # A killed run's render process dies with its invocation (PDEATHSIG), a moment after the kill.
 KILL_SLACK_S = 0.5
 # Between two calls of batch-generate.
@@ -542,7 +542,7 @@ def check(runs: list[dict[str, Any]], conn: db.Conn) -> dict[str, Any]:
         "jobs_run_twice_at_once_count": len(job_overlaps),
         "not_terminal": [dict(r) for r in stuck],
         "keys_not_terminal": [dict(r) for r in stuck_keys[:40]],
-        "not_terminal_count": sum(n for s, n in statuses.items() if s not in TERMINAL),
+        "not_terminal_count": sum(n for s, n in statuses.items() if s not in FINAL_STATUSES),
     }
 
 

@@ -36,8 +36,9 @@ SECRET = "deadline-test-secret"
 BUDGET_MS = 4000
 BUFFER_MS = 1000
 DEADLINE_MS = BUDGET_MS - BUFFER_MS
-# DESIGN: the answer by the deadline + 300 ms. What the HTTP round trip and the batch's own
-# connection add on top, on a loaded two-core machine, is allowed for separately.
+# The promise (docs/reliability.md, 10): the answer by the deadline + 300 ms. What the HTTP
+# round trip and the batch's own connection add on top, on a loaded two-core machine, is
+# allowed for separately.
 PROMISE_MS = DEADLINE_MS + 300
 HTTP_SLACK_MS = 250
 GROUP = "deadlines"

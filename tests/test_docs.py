@@ -15,6 +15,11 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+# A file of the repository named in prose or a comment: `worker/batch.py`, sql/001_schema.sql.
+FILE_NAMED = re.compile(
+    r"(?<![\w/.-])((?:api|bench|docs|examples|sql|supabase|tests|worker)/[\w/.-]*"
+    r"\.(?:css|html|js|json|md|png|py|sql|toml))\b"
+)
 
 
 def _code_free(text: str) -> str:
@@ -31,6 +36,20 @@ def test_every_link_of_the_readme_and_docs_exists_in_the_repository() -> None:
             path = (page.parent / target.split("#")[0]).resolve()
             assert path.is_relative_to(ROOT), f"{page.name} links outside the repository: {target}"
             assert path.exists(), f"{page.name} links to {target}, which does not exist"
+
+
+def test_every_file_the_docs_and_comments_name_exists() -> None:
+    # Regression: comments named files the repository does not hold (issue 21).
+    sources = [README, *DOCS]
+    for folder, pattern in (("api", "**/*.py"), ("bench", "*.py"), ("examples", "*.py")):
+        sources += sorted((ROOT / folder).glob(pattern))
+    sources += sorted((ROOT / "worker").glob("**/*.py")) + sorted((ROOT / "sql").glob("*.sql"))
+    for source in sources:
+        for name in FILE_NAMED.findall(source.read_text(encoding="utf-8")):
+            if "..." in name or "NNN" in name:
+                continue  # a pattern of names, not a file
+            where = source.relative_to(ROOT)
+            assert (ROOT / name).exists(), f"{where} names {name}, which does not exist"
 
 
 def test_the_readme_is_what_a_user_needs_first_and_the_reference_lives_in_docs() -> None:

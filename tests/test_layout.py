@@ -1,4 +1,4 @@
-"""The layout rule of DESIGN.md: bench/ imports neither tests/ nor private names of thumbq
+"""The layout rule: bench/ imports neither tests/ nor private names of thumbq
 (what a benchmark needs is public or lives in bench/), so a benchmark keeps running whatever
 the tests become, and what it measures goes through the same API a user has."""
 

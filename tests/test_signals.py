@@ -1,4 +1,4 @@
-"""Clean stops (DESIGN.md, "Operations"): a real SIGINT or SIGTERM in the middle of a run.
+"""Clean stops (docs/cli.md, "Stopping"): a real SIGINT or SIGTERM in the middle of a run.
 
 Regression: Ctrl-C during `thumbq backfill --now` (300 photos, about 20 done) exited 130 at once
 and left 223 jobs `processing` until their lease ran out, one charged an attempt with `internal`

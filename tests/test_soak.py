@@ -2,7 +2,7 @@
 in a loop and interactive posts, two `thumbq run-batch` loops), six ordering keys of ten
 sequences at a time, mixed posts, sequences posted ahead of order, random cancels (running heads
 too), re-enqueues, and a SIGKILL of a run-batch every 10 s, for 30 s, then a drain. Every
-promise DESIGN makes for tasks under races must hold at once (issue 20)."""
+promise of docs/reliability.md, 12b (tasks under races), must hold at once (issue 20)."""
 
 from __future__ import annotations
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from worker import db, stopping, tasks
 from worker.budget import FINISH_MS, RELEASE_MS, Budget, Predictor
 from worker.claiming import Scheduler
+from worker.engine.states import Outcome, StopReason
 from worker.execution import Executor, thumbnail_key
 from worker.log import log_event
 from worker.queue import ClaimedJob, Queue
@@ -59,7 +60,7 @@ SEVER_AFTER_DEADLINE_MS = 600
 
 @dataclass
 class BatchResult:
-    """The response of one invocation (DESIGN.md, "The batch")."""
+    """The answer of one invocation (docs/how-it-works.md, "From enqueue to thumbnail")."""
 
     run_id: int
     processed: int
@@ -69,7 +70,7 @@ class BatchResult:
     skipped: int
     # None only when the run's row could not be written in time (a lock held elsewhere).
     remaining: int | None
-    stopped_reason: str
+    stopped_reason: StopReason
     duration_ms: int
     budget_ms: int
     retry_after_ms: int | None
@@ -85,8 +86,8 @@ class BatchResult:
     alerts: list[str] = field(default_factory=list)
 
     def response(self) -> dict[str, Any]:
-        """The JSON body of the HTTP response (DESIGN.md's fields, with `unsupported` and
-        `missing` beside `failed`)."""
+        """The JSON body of the HTTP response: every count but `claimed` and `released`, which
+        the log line and the run's row keep, as do the `alerts`."""
         d = asdict(self)
         for extra in ("claimed", "released", "alerts"):
             d.pop(extra)
@@ -107,16 +108,13 @@ def run_batch(
     max_items: int | None = None,
     worker_id: str | None = None,
     clock: Callable[[], float] = time.monotonic,
-    on_item: Callable[[ClaimedJob, str], None] | None = None,
+    on_item: Callable[[ClaimedJob, Outcome], None] | None = None,
     started: float | None = None,
     stop: threading.Event | None = None,
 ) -> BatchResult:
     """Run one invocation within `budget_ms` (default: the configured budget) and report.
-    `on_item(job, outcome)` is called from the worker thread after each item the run started:
-    `succeeded`, `failed`, `unsupported`, `missing`, `retried`, `skipped`, `checkpointed`,
-    `released` (started late and killed at the deadline: back in the queue), `overran` (a thread
-    handler still running at the deadline: it keeps its job until it ends, worker.overrun) or
-    `unrecorded`.
+    `on_item(job, outcome)` is called from the worker thread after each item the run started,
+    with how it ended (an `Outcome` other than `writing`).
     `started` is `clock()`'s reading when the invocation began, if before this call (an HTTP
     request's arrival: the platform's limit counts from there); the budget counts from it.
     `stop` (default: the process's, set by SIGINT or SIGTERM) ends the run early and cleanly:
@@ -211,9 +209,9 @@ def run_batch(
         # A job handed back by its handler (a checkpoint) waits, visible at once, for more
         # time: the run stopped for time, so that a scheduler calls again now.
         reason = (
-            "time_budget"
-            if scheduler.time_stopped or unstarted or counts["checkpointed"]
-            else scheduler.exhausted or "drained"
+            StopReason.TIME_BUDGET
+            if scheduler.time_stopped or unstarted or counts[Outcome.CHECKPOINTED]
+            else scheduler.exhausted or StopReason.DRAINED
         )
         duration_ms = round(budget.elapsed_ms())
         summary = {
@@ -251,7 +249,7 @@ def run_batch(
             stopped_reason=reason,
             duration_ms=duration_ms,
             budget_ms=budget_ms,
-            retry_after_ms=scheduler.retry_after_ms if reason == "rate_limited" else None,
+            retry_after_ms=scheduler.retry_after_ms if reason == StopReason.RATE_LIMITED else None,
             claimed=scheduler.claimed,
             released=released,
             alerts=list(fin["alerts"]),

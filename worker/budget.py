@@ -34,12 +34,13 @@ VIDEO_EXT = (".mp4", ".m4v", ".mov", ".webm", ".mkv")
 OFFICE_EXT = (".pptx", ".docx", ".xlsx", ".odp", ".odt", ".ods")
 
 
-# What the end of an invocation gets after its deadline, out of its buffer (DESIGN: the answer by
-# the deadline + 300 ms): items record their outcome by the deadline + RECORD_MS, the unstarted
-# ones are released by + RELEASE_MS and the run is finished by + FINISH_MS, each call bounded so
-# that one that stalls leaves the next its time. Each is a few ms when nothing stalls. A call that
-# starts late (a render killed at the deadline can take 100-200 ms to die on a loaded machine)
-# still gets END_CALL_MIN_MS: a count recorded a little late beats one lost.
+# What the end of an invocation gets after its deadline, out of its buffer (the answer comes by
+# the deadline + 300 ms: docs/reliability.md, 10): items record their outcome by the deadline +
+# RECORD_MS, the unstarted ones are released by + RELEASE_MS and the run is finished by +
+# FINISH_MS, each call bounded so that one that stalls leaves the next its time. Each is a few
+# ms when nothing stalls. A call that starts late (a render killed at the deadline can take
+# 100-200 ms to die on a loaded machine) still gets END_CALL_MIN_MS: a count recorded a little
+# late beats one lost.
 RECORD_MS = 120.0
 RELEASE_MS = 180.0
 FINISH_MS = 260.0

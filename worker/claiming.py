@@ -15,6 +15,7 @@ from collections import deque
 
 from worker import db
 from worker.budget import Budget, Predictor, kind_of, size_class
+from worker.engine.states import Outcome, StopReason
 from worker.queue import ClaimedJob, Queue
 from worker.recording import FAIR_SHARE, Recorder, bound
 from worker.tasks import THUMBNAIL
@@ -68,7 +69,9 @@ class Scheduler:
         self.heads_released = 0
         self._released_at_claim = 0
         self.claimed = 0
-        self.exhausted: str | None = None  # drained | rate_limited | max_items | timeout | error
+        # Why claiming stopped; the run stops for time (`time_stopped`) or on a claim error
+        # (`claim_error`) whatever it says.
+        self.exhausted: StopReason | None = None
         self.claim_error: Exception | None = None
         self.time_stopped = False
         self.retry_after_ms: int | None = None
@@ -79,7 +82,7 @@ class Scheduler:
     def _claim_more(self) -> None:
         """Claim about half of what is predicted to fit in the remaining time."""
         if self.claimed >= self.max_items:
-            self.exhausted = "max_items"
+            self.exhausted = StopReason.MAX_ITEMS
             return
         remaining = self.budget.remaining_ms()
         typical = self.predictor.typical_ms()
@@ -95,25 +98,25 @@ class Scheduler:
         self.claimed += len(claim.jobs)
         self.waiting.extend(claim.jobs)
         if claim.rate_limited:
-            self.exhausted = "rate_limited"
+            self.exhausted = StopReason.RATE_LIMITED
             self.retry_after_ms = claim.retry_after_ms
         elif len(claim.jobs) < want and claim.limited:
             # A task's own bucket, not the queue, left the claim short: the run is rate limited
             # (and says when to come back), not drained.
-            self.exhausted = "rate_limited"
+            self.exhausted = StopReason.RATE_LIMITED
             self.retry_after_ms = claim.retry_after_ms
         elif len(claim.jobs) < want:
-            self.exhausted = "drained"
+            self.exhausted = StopReason.DRAINED
         elif self.claimed >= self.max_items:
-            self.exhausted = "max_items"
+            self.exhausted = StopReason.MAX_ITEMS
 
-    def ended(self, job: ClaimedJob, outcome: str) -> None:
+    def ended(self, job: ClaimedJob, outcome: Outcome) -> None:
         """A job `next_job` handed out has ended with `outcome` (`Executor.run`'s word)."""
         if job.ordering_key is None:
             return
         with self.changed:
             self.ordered_running -= 1
-            if outcome == "succeeded":
+            if outcome == Outcome.SUCCEEDED:
                 self.heads_released += 1
             self.changed.notify_all()
 
@@ -138,17 +141,20 @@ class Scheduler:
                     # Nothing claimed fits any more; later claims would not either.
                     self.time_stopped = True
                     return None
-                if self.exhausted == "drained" and self.heads_released > self._released_at_claim:
+                if (
+                    self.exhausted == StopReason.DRAINED
+                    and self.heads_released > self._released_at_claim
+                ):
                     # Jobs of ordering keys completed since the last claim: once their
                     # completions are written, the next job of each key can be claimed.
                     self.recorder.flush()
                     self.exhausted = None
-                elif self.exhausted == "drained" and self.ordered_running:
+                elif self.exhausted == StopReason.DRAINED and self.ordered_running:
                     # Wait for them rather than end this worker: each may let its key's next
                     # job go. In slices, so that a stop is seen at once.
                     self.changed.wait(min(self.budget.remaining_ms() / 1000, STOP_POLL_S))
                     continue
-                elif self.exhausted:
+                elif self.exhausted or self.claim_error is not None:
                     return None
                 try:
                     self._claim_more()
@@ -157,11 +163,10 @@ class Scheduler:
                     # deadline; it changed nothing. Out of time, not an error of the run.
                     self.recorder.errors.append(str(exc))
                     self.time_stopped = True
-                    self.exhausted = "timeout"
+                    self.exhausted = StopReason.TIME_BUDGET
                     return None
                 except Exception as exc:
                     # The database is gone: stop claiming; run_batch reports it after the
                     # items in flight have ended (their leases keep them safe meanwhile).
                     self.claim_error = exc
-                    self.exhausted = "error"
                     return None

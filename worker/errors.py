@@ -1,45 +1,28 @@
 """Errors with a stable machine code and a sentence for a person.
 
-Every failure a job can end with is one of these codes; `retry.py` decides which are permanent.
+Every failure thumbq itself ends a job with carries one of the codes of
+`worker.engine.states.ErrorCode`; the permanent ones end the job at once, the others retry.
 """
 
 from __future__ import annotations
 
-# Permanent: the input itself is the problem; retrying cannot help.
-UNSUPPORTED_TYPE = "unsupported_type"
-CORRUPT_INPUT = "corrupt_input"
-ENCRYPTED_INPUT = "encrypted_input"
-TOO_LARGE = "too_large"
-SOURCE_MISSING = "source_missing"
-# A key enqueued without the API's checks (through SQL or RPC) that storage refuses.
-INVALID_KEY = "invalid_key"
-# A job names a task no module of THUMBQ_TASKS registered.
-UNSUPPORTED_TASK = "unsupported_task"
-# Transient: the world may be different next time.
-STORAGE_ERROR = "storage_error"
-RENDER_TIMEOUT = "render_timeout"
-DB_ERROR = "db_error"
-# A storage call or database statement cut at the invocation's deadline (a stall, a slow drip,
-# a lock held elsewhere).
-STORAGE_TIMEOUT = "storage_timeout"
-DB_TIMEOUT = "db_timeout"
-INTERNAL = "internal"
-LEASE_EXPIRED = "lease_expired"
+from worker.engine.states import PERMANENT_CODES, ErrorCode
 
-PERMANENT_CODES = frozenset(
-    {
-        UNSUPPORTED_TYPE,
-        CORRUPT_INPUT,
-        ENCRYPTED_INPUT,
-        TOO_LARGE,
-        SOURCE_MISSING,
-        INVALID_KEY,
-        UNSUPPORTED_TASK,
-    }
-)
-TRANSIENT_CODES = frozenset(
-    {STORAGE_ERROR, STORAGE_TIMEOUT, RENDER_TIMEOUT, DB_ERROR, DB_TIMEOUT, INTERNAL, LEASE_EXPIRED}
-)
+# The codes by their old names, for the modules that raise them.
+UNSUPPORTED_TYPE = ErrorCode.UNSUPPORTED_TYPE
+CORRUPT_INPUT = ErrorCode.CORRUPT_INPUT
+ENCRYPTED_INPUT = ErrorCode.ENCRYPTED_INPUT
+TOO_LARGE = ErrorCode.TOO_LARGE
+SOURCE_MISSING = ErrorCode.SOURCE_MISSING
+INVALID_KEY = ErrorCode.INVALID_KEY
+UNSUPPORTED_TASK = ErrorCode.UNSUPPORTED_TASK
+STORAGE_ERROR = ErrorCode.STORAGE_ERROR
+RENDER_TIMEOUT = ErrorCode.RENDER_TIMEOUT
+DB_ERROR = ErrorCode.DB_ERROR
+STORAGE_TIMEOUT = ErrorCode.STORAGE_TIMEOUT
+DB_TIMEOUT = ErrorCode.DB_TIMEOUT
+INTERNAL = ErrorCode.INTERNAL
+LEASE_EXPIRED = ErrorCode.LEASE_EXPIRED
 
 
 class ThumbqError(Exception):

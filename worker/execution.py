@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from worker import db, tasks
 from worker.budget import RECORD_MS, Budget, Predictor
 from worker.claiming import job_kind
+from worker.engine.states import Outcome
 from worker.errors import RENDER_TIMEOUT, UNSUPPORTED_TASK, ThumbqError
 from worker.log import log_event
 from worker.overrun import Ending, HandlerThread, Keeper, keeper_for
@@ -114,9 +115,9 @@ class Executor:
         )
         self.write_slots = threading.Semaphore(config.concurrency)
 
-    def run(self, job: ClaimedJob) -> str:
-        """Run `job` to its outcome (`succeeded`, `failed`, `retried`, `checkpointed`, ...;
-        `writing` while a writer thread stores its thumbnails and then ends it)."""
+    def run(self, job: ClaimedJob) -> Outcome:
+        """Run `job` to its outcome (`writing` while a writer thread stores its thumbnails and
+        then ends it)."""
         window_ms = self.budget.remaining_ms()
         try:
             if job.task == tasks.THUMBNAIL:
@@ -125,7 +126,7 @@ class Executor:
                 outcome = self._task(job, window_ms)
         except Exception as exc:  # every failure is classified and recorded, none escapes
             outcome = self.recorder.failed(job, exc, window_ms)
-        if outcome != "writing":
+        if outcome != Outcome.WRITING:
             self.recorder.item_ended(job, outcome)
         return outcome
 
@@ -135,7 +136,7 @@ class Executor:
 
     # -- the built-in thumbnail task --------------------------------------------------------
 
-    def _thumbnail(self, job: ClaimedJob, window_ms: float) -> str:
+    def _thumbnail(self, job: ClaimedJob, window_ms: float) -> Outcome:
         started = time.monotonic()
         kind, size_cls = job_kind(job)
         data, info = self.storage.get(job.source_key, max_bytes=self.config.max_bytes)
@@ -154,8 +155,8 @@ class Executor:
                 ],
                 bound=bound(self.budget, RECORD_MS),
             )
-            self.recorder.count("skipped")
-            return "skipped"
+            self.recorder.count(Outcome.SKIPPED)
+            return Outcome.SKIPPED
         from worker.budget import size_class
 
         size_cls = size_class(info.size)
@@ -175,7 +176,7 @@ class Executor:
         except BaseException:
             self.write_slots.release()
             raise
-        return "writing"
+        return Outcome.WRITING
 
     def _record(
         self,
@@ -187,7 +188,7 @@ class Executor:
         window_ms: float,
     ) -> None:
         """Upload every size and queue the completion (on a writer thread); end the item."""
-        outcome = "succeeded"
+        outcome = Outcome.SUCCEEDED
         try:
             keys = self._store(job.source_key, etag, thumb)
             ms = (time.monotonic() - started) * 1000
@@ -242,7 +243,7 @@ class Executor:
 
     # -- registered tasks -----------------------------------------------------------------
 
-    def _task(self, job: ClaimedJob, window_ms: float) -> str:
+    def _task(self, job: ClaimedJob, window_ms: float) -> Outcome:
         registered = self.registry.get(job.task)
         if registered is None:
             raise ThumbqError(
@@ -257,7 +258,7 @@ class Executor:
             if registered.runs_in == "thread":
                 ending = self._in_thread(registered, job, backend)
                 if ending is None:
-                    return "overran"
+                    return Outcome.OVERRAN
             else:
                 ending = self._in_process(job, backend)
         except TaskNotStarted:
@@ -290,7 +291,7 @@ class Executor:
                 "progress_done": None if ending.progress is None else ending.progress[0],
             }
         )
-        return "succeeded"
+        return Outcome.SUCCEEDED
 
     def _in_thread(
         self, registered: tasks.Task, job: ClaimedJob, backend: _TaskBackend

@@ -31,9 +31,9 @@ from worker import db
 from worker.batch import VT_MARGIN_S, new_worker_id, prepare_tasks
 from worker.budget import RELEASE_MS, Budget, Predictor
 from worker.claiming import job_kind
+from worker.engine.states import FINAL_STATUSES, JobStatus, Outcome
 from worker.errors import ThumbqError
 from worker.execution import Executor
-from worker.jobs import TERMINAL
 from worker.log import log_event
 from worker.queue import ClaimedJob, Queue
 from worker.recording import CUT_AT_DEADLINE, Recorder, bound
@@ -90,11 +90,11 @@ class _InlineRecorder(Recorder):
     caller chose how long to wait, which says nothing of the job, so it costs no attempt and
     waits for no backoff (a batch counts the attempt when the item had a fair share)."""
 
-    def failed(self, job: ClaimedJob, exc: BaseException, window_ms: float) -> str:
+    def failed(self, job: ClaimedJob, exc: BaseException, window_ms: float) -> Outcome:
         if isinstance(exc, ThumbqError) and exc.code in CUT_AT_DEADLINE:
             with self.lock:
                 self.late.append(job.id)
-            return "released"
+            return Outcome.RELEASED
         return super().failed(job, exc, window_ms)
 
 
@@ -128,7 +128,7 @@ def run_job(
         ran: bool, reason: str | None, message: str, retry_after_ms: int | None = None
     ) -> InlineRun:
         row = queue.job(job_id)
-        finished = row is not None and row["status"] in TERMINAL
+        finished = row is not None and row["status"] in FINAL_STATUSES
         run = InlineRun(
             job_id=job_id,
             ran=ran,
@@ -172,7 +172,7 @@ def run_job(
             f"{wait_ms} ms waited: it stays queued for the next batch",
         )
 
-    outcomes: list[str] = []
+    outcomes: list[Outcome] = []
     recorder = _InlineRecorder(queue, budget, worker_id, lambda _job, o: outcomes.append(o))
     bounded = BoundedStorage(storage, lambda: budget.remaining_ms() / 1000)
     executor = Executor(config, queue, bounded, pool, budget, predictor, recorder)
@@ -182,41 +182,41 @@ def run_job(
         recorder.flush()
     finally:
         bounded.close()
-    outcome = outcomes[-1] if outcomes else "unrecorded"
+    outcome = outcomes[-1] if outcomes else Outcome.UNRECORDED
     if recorder.late:
         # If even that is cut, its lease runs out instead: back in wait + VT_MARGIN_S seconds.
         with contextlib.suppress(db.DeadlineExceeded):
             queue.release(worker_id, recorder.late, bound=bound(budget, RELEASE_MS))
-    if outcome == "released":
+    if outcome == Outcome.RELEASED:
         return answer(
             True,
             "timeout",
             f"it did not finish within the {wait_ms} ms waited: it was stopped and handed "
             "back, without using an attempt, for the next batch",
         )
-    if outcome == "checkpointed":
+    if outcome == Outcome.CHECKPOINTED:
         return answer(
             True,
             "checkpointed",
             "its handler checkpointed within the wait: a later batch resumes it",
         )
-    if outcome == "overran":
+    if outcome == Outcome.OVERRAN:
         return answer(
             True,
             "running",
             f"its handler was still running at the end of the {wait_ms} ms waited: it keeps "
             "the job (its lease is renewed) until it ends, and its outcome is recorded then",
         )
-    if outcome == "retried":
+    if outcome == Outcome.RETRIED:
         return answer(True, "retrying", "it failed and will be retried with backoff")
-    if outcome in ("unrecorded", "skipped"):
+    if outcome in (Outcome.UNRECORDED, Outcome.SKIPPED):
         errors = "; ".join(recorder.errors[:2])
         return answer(
             True,
-            "unrecorded" if outcome == "unrecorded" else "busy",
+            "unrecorded" if outcome == Outcome.UNRECORDED else "busy",
             f"its outcome could not be recorded ({errors or outcome}); it runs again when its "
             "lease ends"
-            if outcome == "unrecorded"
+            if outcome == Outcome.UNRECORDED
             else "another invocation took the job over",
         )
     return answer(True, None, "")
@@ -235,16 +235,16 @@ def _not_claimed(row: dict[str, Any] | None, why: dict[str, Any]) -> tuple[str, 
         )
     if row is None:
         return "not_ready", "there is no such job", None
-    if reason == "busy" or row["status"] == "processing":
+    if reason == "busy" or row["status"] == JobStatus.PROCESSING:
         return "busy", "another invocation is running it", None
-    if row["status"] == "pending" and row.get("ordering_key") and row.get("msg_id") is None:
+    if row["status"] == JobStatus.PENDING and row.get("ordering_key") and row.get("msg_id") is None:
         return (
             "not_ready",
             f"it waits for the jobs before sequence {row.get('sequence')} of ordering key "
             f"{row['ordering_key']!r}",
             None,
         )
-    if row["status"] == "pending" and row.get("next_attempt_at") is not None:
+    if row["status"] == JobStatus.PENDING and row.get("next_attempt_at") is not None:
         return (
             "not_ready",
             f"it waits for its retry at {row['next_attempt_at'].isoformat()}",
@@ -254,7 +254,7 @@ def _not_claimed(row: dict[str, Any] | None, why: dict[str, Any]) -> tuple[str, 
 
 
 def _finished_message(row: dict[str, Any]) -> str:
-    if row["status"] == "completed":
+    if row["status"] == JobStatus.COMPLETED:
         return "completed"
     detail = f" ({row['error_code']}: {row['last_error']})" if row.get("error_code") else ""
     return f"{row['status']}{detail}"

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
+from worker.engine.states import JobStatus
 from worker.queue import Queue
 from worker.tasks import THUMBNAIL
 
@@ -25,8 +26,6 @@ if TYPE_CHECKING:
     from worker.storage import Storage
     from worker.urls import UrlSigner
 
-# A job in one of these has ended: nothing more happens to it unless someone acts.
-TERMINAL = frozenset({"completed", "failed", "unsupported", "cancelled"})
 # What a job's public view carries, besides `payload` and `result` (which a thumbnail job builds
 # from its columns). The checkpointed `state` stays inside: it is the handler's, not the caller's.
 VIEW_FIELDS = (
@@ -160,7 +159,9 @@ def view(row: Mapping[str, Any], urls: UrlSigner | None = None) -> dict[str, Any
             "content_type": row.get("content_type"),
         }
         out["result"] = (
-            {k: row.get(k) for k in THUMBNAIL_RESULT} if row.get("status") == "completed" else None
+            {k: row.get(k) for k in THUMBNAIL_RESULT}
+            if row.get("status") == JobStatus.COMPLETED
+            else None
         )
     else:
         out["payload"] = row.get("payload")

@@ -5,7 +5,7 @@ the invocation waits for until its deadline. A thread cannot be killed: one that
 running then is handed to the process's Keeper, and the invocation answers in time. The keeper
 renews the job's lease (and its message's visibility) every RENEW_EVERY_S on a connection of
 its own while the thread runs, so that no claim hands the job to a second run meanwhile
-(DESIGN, "Concurrency invariants": a job never runs twice at once), and records the handler's
+(a job never runs twice at once: docs/reliability.md, 12b), and records the handler's
 outcome (complete, fail, checkpoint) when it ends. If the process dies, the renewals stop and
 the lease expires within KEEP_LEASE_S: the job comes back as after any crash.
 """
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from worker import db, tasks
+from worker.engine.states import Outcome, failure_outcome
 from worker.log import log_event
 from worker.queue import ClaimedJob, Queue
 from worker.retry import Failure, classify
@@ -224,13 +225,13 @@ class Keeper:
             if ending.failure is not None:
                 f = ending.failure
                 r = queue.fail(k.worker_id, job, f.code, f.message, f.permanent, bound=call)
-                outcome = str(r.get("status")) if r.get("owned") else "skipped"
+                outcome = failure_outcome(bool(r.get("owned")), r.get("status"))
             elif ending.checkpoint:
                 done, total = ending.progress or (None, None)
                 r = queue.checkpoint(
                     k.worker_id, job, ending.value, done, total, requeue=True, bound=call
                 )
-                outcome = "checkpointed" if r.get("owned") else "skipped"
+                outcome = Outcome.CHECKPOINTED if r.get("owned") else Outcome.SKIPPED
             else:
                 ms = round((time.monotonic() - k.handler.started) * 1000)
                 record = {
@@ -241,16 +242,16 @@ class Keeper:
                     "progress_done": None if ending.progress is None else ending.progress[0],
                 }
                 if queue.complete(k.worker_id, [record], bound=call):
-                    outcome = "succeeded"
+                    outcome = Outcome.SUCCEEDED
                 elif queue.not_held(k.worker_id, [job.id], bound=call):
-                    outcome = "skipped"
+                    outcome = Outcome.SKIPPED
                 else:
                     # Still ours: its row was held elsewhere for a moment; the next round.
                     raise db.DeadlineExceeded(f"job {job.id}'s row was busy")
         except Exception:
             if k.tries < RECORD_TRIES:
                 raise
-            outcome = "unrecorded"
+            outcome = Outcome.UNRECORDED
         with self._lock:
             self._kept.pop(job.id, None)
         log_event(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from worker.engine.states import JobStatus
+
 # How long a progress poller should wait, from the group's state alone (so that one version of
 # a group is always the same bytes, which a strong ETag promises):
 POLL_RUNNING_MS = 1_000  # jobs are processing: the bar moves every second or so
@@ -13,9 +15,9 @@ POLL_SETTLED_MS = 30_000  # nothing pending or processing: only a new enqueue ch
 
 def poll_after_ms(row: dict[str, Any]) -> int:
     """When to poll again: soon while work runs, rarely when the group is settled."""
-    if row["processing"] > 0:
+    if row[JobStatus.PROCESSING] > 0:
         return POLL_RUNNING_MS
-    if row["pending"] > 0:
+    if row[JobStatus.PENDING] > 0:
         return POLL_WAITING_MS
     return POLL_SETTLED_MS
 
@@ -28,12 +30,7 @@ def progress_body(row: dict[str, Any]) -> dict[str, Any]:
     return {
         "group_id": row["group_id"],
         "total": row["total"],
-        "pending": row["pending"],
-        "processing": row["processing"],
-        "completed": row["completed"],
-        "failed": row["failed"],
-        "unsupported": row["unsupported"],
-        "cancelled": row["cancelled"],
+        **{status.value: row[status] for status in JobStatus},
         "progress_percentage": float(pct) if pct is not None else 0.0,
         "estimated_time_remaining_seconds": row["estimated_time_remaining_seconds"],
         "rate_per_second": row["rate_per_second"],

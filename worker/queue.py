@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from worker import db
+from worker.engine.states import JobStatus
 from worker.retry import BACKOFF_BASE_S, BACKOFF_CAP_S
 
 
@@ -346,7 +347,7 @@ class Queue:
                 bound=_left(bound, started),
             )
             busy = {int(r["job_id"]) for r in rows if r["outcome"] == "busy"}
-            done = sum(r["outcome"] == "completed" for r in rows)
+            done = sum(r["outcome"] == JobStatus.COMPLETED for r in rows)
             if busy:
                 rest = [p for p in payload if int(p["job_id"]) in busy]
                 try:
@@ -360,7 +361,7 @@ class Queue:
                     # Held past the call's bound: the rest is recorded; these come back with
                     # their lease.
                     return done
-                done += sum(r["outcome"] == "completed" for r in rows)
+                done += sum(r["outcome"] == JobStatus.COMPLETED for r in rows)
         return done
 
     def fail(

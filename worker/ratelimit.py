@@ -29,11 +29,6 @@ def take(
     )
 
 
-def refund(conn: db.Conn, name: str, n: int, *, bound: db.Bound | None = None) -> None:
-    """Give back `n` tokens taken but not used (up to the bucket's capacity)."""
-    db.run(conn, "refund_tokens", {"name": name, "n": n}, bound=bound)
-
-
 def set_limit(conn: db.Conn, name: str, capacity: float, refill_per_second: float) -> None:
     """Create or change a bucket (e.g. an external API's quota), with no redeploy."""
     conn.execute(

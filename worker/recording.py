@@ -14,6 +14,7 @@ from typing import Any
 
 from worker import db
 from worker.budget import RECORD_MS, Budget
+from worker.engine.states import COUNTED, Outcome, failure_outcome
 from worker.errors import RENDER_TIMEOUT, STORAGE_TIMEOUT, ThumbqError
 from worker.queue import ClaimedJob, Queue
 from worker.retry import Failure, classify
@@ -32,16 +33,8 @@ CANCEL_POLL_S = 0.25
 PROGRESS_BOUND_MS = 250.0
 # Cut at the deadline: the item had less time than it needed, which says nothing of the file.
 CUT_AT_DEADLINE = (RENDER_TIMEOUT, STORAGE_TIMEOUT)
-COUNTS = (
-    "processed",
-    "succeeded",
-    "failed",
-    "unsupported",
-    "missing",
-    "retried",
-    "skipped",
-    "checkpointed",
-)
+# What a run counts: every item it processed, and how each of them ended.
+COUNTS = ("processed", *COUNTED)
 
 
 def bound(budget: Budget, after_ms: float | None = None) -> db.Bound:
@@ -61,7 +54,7 @@ class Recorder:
         queue: Queue,
         budget: Budget,
         worker_id: str,
-        on_item: Callable[[ClaimedJob, str], None] | None = None,
+        on_item: Callable[[ClaimedJob, Outcome], None] | None = None,
     ) -> None:
         self.queue = queue
         self.budget = budget
@@ -109,13 +102,13 @@ class Recorder:
                 self.errors.append(f"could not record {len(batch)} completions: {exc}")
                 return
             with self.lock:
-                self.counts["succeeded"] += completed
-                self.counts["skipped"] += len(batch) - completed
+                self.counts[Outcome.SUCCEEDED] += completed
+                self.counts[Outcome.SKIPPED] += len(batch) - completed
                 self.counts["processed"] += len(batch)
 
     # -- failures -------------------------------------------------------------------------
 
-    def failed(self, job: ClaimedJob, exc: BaseException, window_ms: float) -> str:
+    def failed(self, job: ClaimedJob, exc: BaseException, window_ms: float) -> Outcome:
         """Record a failed item from its exception; how it ended, in the words of the run's
         counts (`released` for an item killed after starting late, `unrecorded` when the
         database is gone)."""
@@ -123,17 +116,17 @@ class Recorder:
         if killed and window_ms < FAIR_SHARE * self.budget.work_ms:
             with self.lock:
                 self.late.append(job.id)
-            return "released"
+            return Outcome.RELEASED
         return self.failure(job, classify(exc))
 
-    def not_started(self, job: ClaimedJob) -> str:
+    def not_started(self, job: ClaimedJob) -> Outcome:
         """An item that never ran (no time was left to start it): handed back at the run's end
         with the unstarted ones, no attempt used."""
         with self.lock:
             self.late.append(job.id)
-        return "released"
+        return Outcome.RELEASED
 
-    def failure(self, job: ClaimedJob, failure: Failure) -> str:
+    def failure(self, job: ClaimedJob, failure: Failure) -> Outcome:
         """Record a classified failure: the job ends, or retries with backoff."""
         try:
             outcome = self.queue.fail(
@@ -147,17 +140,8 @@ class Recorder:
         except Exception as db_exc:
             # The lease runs out and the message comes back: nothing is lost.
             self.errors.append(f"could not record failure of job {job.id}: {db_exc}")
-            return "unrecorded"
-        if not outcome.get("owned"):
-            counted = "skipped"
-        elif outcome.get("status") == "pending":
-            counted = "retried"
-        elif outcome.get("status") == "unsupported":
-            counted = "unsupported"
-        elif outcome.get("status") == "cancelled":
-            counted = "missing"  # the only failure that ends a job cancelled
-        else:
-            counted = "failed"
+            return Outcome.UNRECORDED
+        counted = failure_outcome(bool(outcome.get("owned")), outcome.get("status"))
         self.count(counted)
         return counted
 
@@ -199,7 +183,7 @@ class Recorder:
 
     def checkpointed(
         self, job: ClaimedJob, state: Any, progress: tuple[int, int | None] | None
-    ) -> str:
+    ) -> Outcome:
         """A handler stopped to be resumed by a later invocation: the job waits again, no
         attempt used."""
         done, total = progress or (None, None)
@@ -215,8 +199,8 @@ class Recorder:
             )
         except Exception as exc:
             self.errors.append(f"could not checkpoint job {job.id}: {exc}")
-            return "unrecorded"
-        counted = "checkpointed" if r.get("owned") else "skipped"
+            return Outcome.UNRECORDED
+        counted = Outcome.CHECKPOINTED if r.get("owned") else Outcome.SKIPPED
         self.count(counted)
         return counted
 
@@ -242,12 +226,12 @@ class Recorder:
 
     # -- counts ---------------------------------------------------------------------------
 
-    def count(self, name: str) -> None:
+    def count(self, name: Outcome) -> None:
         with self.lock:
             self.counts[name] += 1
             self.counts["processed"] += 1
 
-    def item_ended(self, job: ClaimedJob, outcome: str) -> None:
+    def item_ended(self, job: ClaimedJob, outcome: Outcome) -> None:
         if self.on_item is not None:
             self.on_item(job, outcome)
 

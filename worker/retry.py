@@ -45,9 +45,3 @@ def classify(exc: BaseException) -> Failure:
     if isinstance(exc, psycopg.Error):
         return Failure(DB_ERROR, f"database error: {exc}".strip(), False)
     return Failure(INTERNAL, f"{type(exc).__name__}: {exc}", False)
-
-
-def backoff_bounds_s(attempt: int) -> tuple[float, float]:
-    """The range of the delay before retry number `attempt` (1-based): equal jitter."""
-    full = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** max(attempt - 1, 0))
-    return full / 2, full

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from worker.engine.states import StopReason
 from worker.log import log_event
 
 if TYPE_CHECKING:
@@ -42,7 +43,8 @@ TIMEOUT_MARGIN_S = 15.0
 # Bounds on a rate-limit wait: not a busy loop, and never an unbounded sleep.
 MIN_RATE_WAIT_S = 0.05
 DEFAULT_RATE_WAIT_S = 1.0
-CHAIN_REASONS = frozenset({"time_budget", "max_items"})
+# After these the tick calls again at once: work remains that a new invocation can take.
+CHAIN_REASONS = frozenset({StopReason.TIME_BUDGET, StopReason.MAX_ITEMS})
 # How often a tick waiting for its call's answer checks whether a shutdown gave up on it.
 ABANDON_POLL_S = 0.05
 
@@ -145,7 +147,7 @@ def next_step(
             return Step("stop", why="no_progress")
         delay = 0.0
         action = "chain"
-    elif reason == "rate_limited":
+    elif reason == StopReason.RATE_LIMITED:
         ms = body.get("retry_after_ms")
         delay = max(MIN_RATE_WAIT_S, ms / 1000) if ms is not None else DEFAULT_RATE_WAIT_S
         action = "wait"

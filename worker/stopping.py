@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from worker import db
+from worker.engine.states import Outcome
 from worker.errors import ThumbqError
 from worker.log import log_event
 from worker.recording import CUT_AT_DEADLINE, Recorder
@@ -182,12 +183,12 @@ class StoppableRecorder(Recorder):
         super().__init__(*args, **kwargs)
         self.stop = stop
 
-    def failed(self, job: ClaimedJob, exc: BaseException, window_ms: float) -> str:
+    def failed(self, job: ClaimedJob, exc: BaseException, window_ms: float) -> Outcome:
         cut = isinstance(exc, db.DeadlineExceeded) or (
             isinstance(exc, ThumbqError) and exc.code in CUT_AT_DEADLINE
         )
         if cut and self.stop.is_set():
             with self.lock:
                 self.late.append(job.id)
-            return "released"
+            return Outcome.RELEASED
         return super().failed(job, exc, window_ms)

@@ -37,16 +37,18 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from worker.engine.states import ErrorCode
+
 if TYPE_CHECKING:
     from worker import db
 
 THUMBNAIL = "thumbnail"
 RUNS_IN = ("process", "thread")
 # Error codes of a task's failures.
-TASK_FAILED = "task_failed"
-TASK_ERROR = "task_error"
-UNSUPPORTED_TASK = "unsupported_task"
-CHECKPOINT_NOT_SAVED = "checkpoint_not_saved"
+TASK_FAILED = ErrorCode.TASK_FAILED
+TASK_ERROR = ErrorCode.TASK_ERROR
+UNSUPPORTED_TASK = ErrorCode.UNSUPPORTED_TASK
+CHECKPOINT_NOT_SAVED = ErrorCode.CHECKPOINT_NOT_SAVED
 
 
 class PermanentError(Exception):

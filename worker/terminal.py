@@ -13,15 +13,10 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from worker import jsonfmt
+from worker.engine.states import FINAL_OUTCOMES, FINAL_STATUSES, JobStatus, Outcome
 
-OUTCOMES = ("completed", "failed", "unsupported", "cancelled")
-# How a batch says an item ended for good (run_batch's `on_item`), as the job's status.
-ENDED = {
-    "succeeded": "completed",
-    "failed": "failed",
-    "unsupported": "unsupported",
-    "missing": "cancelled",
-}
+# The statuses a job ends with, in the order the bar shows them.
+FINAL = tuple(s for s in JobStatus if s in FINAL_STATUSES)
 
 
 def print_json(value: Any, stream: TextIO | None = None) -> None:
@@ -68,7 +63,7 @@ class ProgressBar:
         self.counts: dict[str, int] = {}
         # Files seen ending here, per status, that the database's counts do not show yet
         # (completions are written in small batches).
-        self.ahead: dict[str, int] = dict.fromkeys(OUTCOMES, 0)
+        self.ahead: dict[str, int] = dict.fromkeys(FINAL, 0)
         self.last_line: str | None = None
         self.drawn = False
 
@@ -76,19 +71,20 @@ class ProgressBar:
         """The group's counts per status (a `thumbq.progress` row or the API's body)."""
         with self.lock:
             fresh = {k: int(counts.get(k) or 0) for k in ("total", "pending", "processing")}
-            fresh |= {k: int(counts.get(k) or 0) for k in OUTCOMES}
-            for k in OUTCOMES:  # what the database has caught up with
+            fresh |= {k: int(counts.get(k) or 0) for k in FINAL}
+            for k in FINAL:  # what the database has caught up with
                 self.ahead[k] = max(0, self.ahead[k] - (fresh[k] - self.counts.get(k, 0)))
             self.counts = fresh
         self._draw()
 
-    def item_done(self, _job: Any, outcome: str) -> None:
+    def item_done(self, _job: Any, outcome: Outcome) -> None:
         """A file has been through a batch (called from its worker threads); the bar moves for
         the ones that ended (not those that will be retried or were handed back)."""
-        if outcome not in ENDED:
+        status = FINAL_OUTCOMES.get(outcome)
+        if status is None:
             return
         with self.lock:
-            self.ahead[ENDED[outcome]] += 1
+            self.ahead[status] += 1
         self._draw()
 
     def line(self) -> str:
@@ -98,7 +94,7 @@ class ProgressBar:
         done = min(total, _done(c) + sum(self.ahead.values()))
         pct = 100.0 * done / total if total else 0.0
         filled = round(self.WIDTH * pct / 100)
-        outcomes = "  ".join(f"{k} {c.get(k, 0) + self.ahead[k]}" for k in OUTCOMES)
+        outcomes = "  ".join(f"{k} {c.get(k, 0) + self.ahead[k]}" for k in FINAL)
         bar = "#" * filled + "." * (self.WIDTH - filled)
         return f"[{bar}] {pct:5.1f}%  {done}/{total}  {outcomes}"
 

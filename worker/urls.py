@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
+from worker.engine.states import JobStatus
 from worker.signing import thumbnail_signature
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ class UrlSigner:
         """`thumbnail_url` (the largest size) and `thumbnail_urls` (size -> URL, shaped as the
         job's `thumbnails`, with `pages` when it has them) of a completed job; None otherwise."""
         key = row.get("thumbnail_key")
-        if row.get("status") != "completed" or not key:
+        if row.get("status") != JobStatus.COMPLETED or not key:
             return {"thumbnail_url": None, "thumbnail_urls": None}
         keys = row.get("thumbnails") or {}
         urls: dict[str, Any] = {}

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from worker import tasks
+from worker.engine.states import ErrorCode
 from worker.log import log_event
 from worker.tasks import TaskContext, TransientError, task
 
@@ -131,7 +132,8 @@ def deliver(ctx: TaskContext, payload: dict[str, Any]) -> Any:
     sender = _sender
     if sender is None:
         raise TransientError(
-            "THUMBQ_WEBHOOK_URL is not set where this job ran", code="webhook_not_configured"
+            "THUMBQ_WEBHOOK_URL is not set where this job ran",
+            code=ErrorCode.WEBHOOK_NOT_CONFIGURED,
         )
     if ctx.remaining_ms() < MIN_WINDOW_MS:
         return ctx.checkpoint(ctx.state or {})
@@ -151,11 +153,12 @@ def deliver(ctx: TaskContext, payload: dict[str, Any]) -> Any:
         status = post(sender.url, body, headers, timeout_s)
     except OSError as exc:
         raise TransientError(
-            f"the webhook {_where(sender.url)} did not answer: {exc}", code="webhook_unreachable"
+            f"the webhook {_where(sender.url)} did not answer: {exc}",
+            code=ErrorCode.WEBHOOK_UNREACHABLE,
         ) from None
     if not 200 <= status < 300:
         raise TransientError(
-            f"the webhook {_where(sender.url)} answered {status}", code="webhook_refused"
+            f"the webhook {_where(sender.url)} answered {status}", code=ErrorCode.WEBHOOK_REFUSED
         )
     return {
         "webhook_id": msg_id,

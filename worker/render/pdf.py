@@ -16,7 +16,7 @@ from PIL import Image
 from worker.errors import CORRUPT_INPUT, ENCRYPTED_INPUT, TOO_LARGE, ThumbqError
 from worker.render import RenderOptions, Thumbnail
 from worker.render.output import COVER_MAX_ASPECT, finish
-from worker.render.sniff import MUPDF_FORMATS, PDF
+from worker.render.sniff import MUPDF_FORMATS
 
 # MuPDF reports recoverable damage on stdout by default; a worker's stdout carries its JSON log.
 pymupdf.TOOLS.mupdf_display_errors(False)
@@ -29,14 +29,6 @@ STORE_SHRINK_PERCENT = 25
 STORE_KEEP_MAX_SOURCE_BYTES = 4 * 1024 * 1024
 # A degraded render rasterises at this fraction of the size.
 DEGRADED_SCALE = 0.5
-
-
-def render_pdf(data: bytes, opts: RenderOptions) -> Thumbnail:
-    """Render page `opts.pdf_page` (the last page of a shorter document) to fill the box.
-
-    White background, page rotation and crop box honoured.
-    """
-    return render_document(data, PDF, opts)
 
 
 def render_document(data: bytes, source_type: str, opts: RenderOptions) -> Thumbnail:

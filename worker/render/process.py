@@ -75,11 +75,10 @@ from typing import TYPE_CHECKING, Any
 from worker.errors import (
     CORRUPT_INPUT,
     INTERNAL,
-    PERMANENT_CODES,
     RENDER_TIMEOUT,
     TOO_LARGE,
-    TRANSIENT_CODES,
     UNSUPPORTED_TYPE,
+    ErrorCode,
     ThumbqError,
 )
 from worker.render import MemoryLimitExceeded, RenderOptions, Rendition, Thumbnail
@@ -103,6 +102,8 @@ _KILL_WAIT_S = 2.0
 # allocate without limit; a 4096 px thumbnail is a few MB.
 _MAX_HEADER = 64 * 1024
 _MAX_THUMBNAIL = 64 * 1024 * 1024
+# A child's error reply must carry one of these; anything else is a malformed reply.
+_KNOWN_CODES = frozenset(ErrorCode)
 
 
 @dataclass(eq=False)
@@ -603,7 +604,7 @@ def _parse_reply(payload: tuple[bytes, bytes]) -> Thumbnail | tuple[ThumbqError,
         exits = bool(header["exit"])
     except (ValueError, KeyError, TypeError):
         return ThumbqError(INTERNAL, "render process sent a malformed reply"), True
-    if code not in PERMANENT_CODES and code not in TRANSIENT_CODES:
+    if code not in _KNOWN_CODES:
         return ThumbqError(INTERNAL, f"render process sent an unknown error code: {message}"), True
     return ThumbqError(code, message), exits
 

@@ -1,0 +1,1 @@
+"""The task engine: queue, claim, batch, budget, execution, retry, rate limits and progress."""

@@ -114,3 +114,79 @@ def test_the_document_keeps_every_route_parameter_and_field_of_the_released_one(
     assert len(promised) > 500  # the walk reaches the fields, not just the paths
     lost = sorted(promised - surface(doc))
     assert not lost, "\n".join(lost)
+
+
+SECRET = "contract-secret"
+
+
+def _properties(doc: dict[str, Any], schema: Any, *steps: str) -> list[str]:
+    schema = _deref(doc, schema)
+    for step in steps:
+        schema = _deref(doc, schema["anyOf"][int(step)] if step.isdigit() else schema[step])
+    return list(schema["properties"])
+
+
+def _allowed(answer: Any) -> list[str]:
+    assert answer.status_code == 400, answer.get_data(as_text=True)
+    message = answer.get_json()["error"]["message"]
+    listed = message.split("allowed: ", 1)[1]
+    return [] if listed == "none" else listed.split(", ")
+
+
+def test_request_bodies_are_refused_on_the_fields_their_models_have(tmp_path: Path) -> None:
+    env = {
+        "DATABASE_URL": "postgresql://127.0.0.1:1/none",
+        "THUMBQ_HOME": str(tmp_path),
+        "THUMBQ_CRON_SECRET": SECRET,
+    }
+    client = create_app(Config.from_env(env)).test_client()
+    doc = client.get("/api/openapi.json").get_json()
+
+    def body_schema(path: str) -> Any:
+        return doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+
+    admin = {"Authorization": f"Bearer {SECRET}"}
+    # Nothing here reaches the database: a body is checked before anything is read or written.
+    cases = [
+        (
+            "/api/thumbnails/batch-generate",
+            {"zz": 1},
+            _properties(doc, body_schema("/api/thumbnails/batch-generate")),
+        ),
+        (
+            "/api/thumbnails/backfill",
+            {"zz": 1},
+            _properties(doc, body_schema("/api/thumbnails/backfill")),
+        ),
+        (
+            "/api/thumbnails/retry-failed",
+            {"zz": 1},
+            _properties(doc, body_schema("/api/thumbnails/retry-failed")),
+        ),
+        (
+            "/api/thumbnails/cancel",
+            {"zz": 1},
+            _properties(doc, body_schema("/api/thumbnails/cancel")),
+        ),
+        ("/api/thumbnails/cleanup-stale", {"zz": 1}, []),
+        ("/api/jobs/1/cancel", {"zz": 1}, []),
+        (
+            "/api/thumbnails/enqueue",
+            {"items": [{"source_key": "a.pdf", "zz": 1}]},
+            _properties(
+                doc, body_schema("/api/thumbnails/enqueue"), "properties", "items", "items"
+            ),
+        ),
+        (
+            "/api/jobs",
+            {"items": [{"task": "t", "zz": 1}]},
+            _properties(doc, body_schema("/api/jobs"), "1", "properties", "items", "items"),
+        ),
+    ]
+    for path, body, fields in cases:
+        assert _allowed(client.post(path, json=body, headers=admin)) == fields, path
+    # Vercel Cron's GET takes the batch's options from the query string, as described.
+    described = [
+        p["name"] for p in doc["paths"]["/api/thumbnails/batch-generate"]["get"]["parameters"]
+    ]
+    assert _allowed(client.get("/api/thumbnails/batch-generate?zz=1", headers=admin)) == described

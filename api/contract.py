@@ -30,7 +30,8 @@ import msgspec
 from flask import Blueprint, Flask, Response, current_app, has_app_context
 
 from api import validation as v
-from api.errors import CODES, RETRY_AFTER_S, json_response
+from api.errors import CODES, RETRY_AFTER_S, json_body
+from worker.jobs import TERMINAL
 
 JSON = "application/json"
 ADMIN: tuple[dict[str, list[str]], ...] = ({"adminSecret": []},)
@@ -201,21 +202,22 @@ class _Models:
         """`model` as a placeholder to fill in once every schema is known."""
         model = _resolve(model)
         if isinstance(model, dict):
-            return self._walk(model)
+            return self.raw(model)
         if model not in self.types:
             self.types.append(model)
         if named:
             self.named.add(model)
         return _Placeholder(model)
 
-    def _walk(self, value: Any) -> Any:
+    def raw(self, value: Any) -> Any:
+        """A JSON Schema written out, whose `{"$ref": Model}` name models."""
         if isinstance(value, dict):
             return {
-                k: (self.add(x) if k == "$ref" and not isinstance(x, str) else self._walk(x))
+                k: (self.add(x) if k == "$ref" and not isinstance(x, str) else self.raw(x))
                 for k, x in value.items()
             }
         if isinstance(value, list):
-            return [self._walk(x) for x in value]
+            return [self.raw(x) for x in value]
         return value
 
 
@@ -239,7 +241,7 @@ def _fill(value: Any, schemas: dict[Any, Any]) -> Any:
 def _answer(answer: Answer, models: _Models) -> dict[str, Any]:
     out: dict[str, Any] = {"description": answer.description}
     if answer.content is not None:
-        out["content"] = models._walk(dict(answer.content))
+        out["content"] = models.raw(dict(answer.content))
     elif answer.model is not None:
         out["content"] = {JSON: {"schema": models.add(answer.model)}}
     if answer.headers:
@@ -367,8 +369,11 @@ bp = Blueprint("openapi", __name__)
     )
 )
 def openapi_json() -> Response:
-    """The OpenAPI description."""
-    return json_response(spec(), headers={"Cache-Control": "public, max-age=300"})
+    """The OpenAPI description (made once per app: its routes do not change)."""
+    doc = current_app.extensions.get("openapi")
+    if doc is None:
+        doc = current_app.extensions["openapi"] = json_body(spec())
+    return Response(doc, mimetype=JSON, headers={"Cache-Control": "public, max-age=300"})
 
 
 # -- the vocabulary several routes share ------------------------------------------------------
@@ -397,13 +402,10 @@ Absent = msgspec.UnsetType
 Timestamp = datetime | None
 
 
-class JobStatus(enum.StrEnum):
-    PENDING = "pending"
-    PROCESSING = "processing"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    UNSUPPORTED = "unsupported"
-    CANCELLED = "cancelled"
+# A job waits, runs, or has ended in one of the engine's final states.
+JobStatus = enum.StrEnum(  # type: ignore[misc]
+    "JobStatus", [(s.upper(), s) for s in ("pending", "processing", *sorted(TERMINAL))]
+)
 
 
 class JobPath(msgspec.Struct):

@@ -208,6 +208,7 @@ _BATCH_COUNTS = {
     "checkpointed": "Jobs whose handler stopped to be resumed by a later invocation (a task's "
     "checkpoint: no attempt used).",
 }
+# Why a batch stopped, as worker/batch.py and worker/claiming.py name it.
 StopReason = Literal["drained", "time_budget", "rate_limited", "max_items"]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import atexit
 
-from flask import Flask
+from flask import Blueprint, Flask
 
 from api.fastpath import ProgressFastPath
 from api.state import AppState
@@ -26,8 +26,7 @@ def create_app(
     `db_timeout_s` bounds how long a request waits for a database connection before it answers
     503; `pooled=False` opens one connection per request instead of keeping a pool.
     """
-    from api import errors, jobs, metrics, operator, ops, pages, signed, stream, thumbnails
-    from api.openapi import bp as openapi_bp
+    from api import errors
 
     config = config or Config.from_env()
     app = Flask("api")
@@ -48,13 +47,23 @@ def create_app(
         if (problem := st.configuration_problem()) is not None:
             raise errors.ApiError(503, "not_configured", problem, {"Cache-Control": "no-store"})
 
-    app.register_blueprint(thumbnails.bp)
-    app.register_blueprint(stream.bp)
-    app.register_blueprint(jobs.bp)
-    app.register_blueprint(ops.bp)
-    app.register_blueprint(metrics.bp)
-    app.register_blueprint(signed.bp)
-    app.register_blueprint(operator.bp)
-    app.register_blueprint(openapi_bp)
-    app.register_blueprint(pages.bp)
+    for bp in blueprints():
+        app.register_blueprint(bp)
     return app
+
+
+def blueprints() -> list[Blueprint]:
+    """Every blueprint of the API, in the order the app registers them."""
+    from api import contract, jobs, metrics, operator, ops, pages, signed, stream, thumbnails
+
+    return [
+        thumbnails.bp,
+        stream.bp,
+        jobs.bp,
+        ops.bp,
+        metrics.bp,
+        signed.bp,
+        operator.bp,
+        contract.bp,
+        pages.bp,
+    ]

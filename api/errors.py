@@ -25,6 +25,31 @@ if TYPE_CHECKING:
 # Seconds a client should wait before trying again after a 503 caused by an outage.
 RETRY_AFTER_S = 5
 
+# The machine codes an answer's `error.code` may hold (the OpenAPI document lists them).
+CODES = (
+    "invalid_json",
+    "invalid_request",
+    "invalid_key",
+    "invalid_group_id",
+    "invalid_job_id",
+    "unauthorized",
+    "forbidden",
+    "not_found",
+    "group_not_found",
+    "job_not_found",
+    "method_not_allowed",
+    "batch_in_progress",
+    "sequence_conflict",
+    "too_many_streams",
+    "streams_disabled",
+    "payload_too_large",
+    "internal",
+    "not_configured",
+    "database_unavailable",
+    "schema_missing",
+    "storage_unavailable",
+)
+
 # Machine codes of werkzeug's own HTTP errors (routing, body size).
 _HTTP_CODES = {
     400: "invalid_request",

@@ -15,6 +15,7 @@ from typing import Any
 from flask import Blueprint, Response
 
 from api.auth import bearer_token, secret_matches
+from api.contract import ADMIN, ADMIN_ERRORS, Answer, Op, describe
 from api.errors import ApiError
 from api.thumbnails import state
 from worker import db
@@ -129,6 +130,21 @@ def exposition(rows: Iterable[Mapping[str, Any]]) -> bytes:
 
 
 @bp.get("/metrics")
+@describe(
+    Op(
+        "getMetrics",
+        "Prometheus' text format: jobs, failures, queues, rate limits, durations. The bearer is "
+        "the admin secret or THUMBQ_METRICS_TOKEN (read-only).",
+        {
+            200: Answer(
+                "Prometheus text exposition 0.0.4.",
+                content={"text/plain": {"schema": {"type": "string"}}},
+            ),
+            **ADMIN_ERRORS,
+        },
+        security=ADMIN,
+    )
+)
 def metrics() -> Response:
     """Jobs, failures, queues, rate limits and durations, for Prometheus (one SQL statement)."""
     require_scraper()

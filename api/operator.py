@@ -12,13 +12,28 @@ jobs again with fresh attempts and one message each. Cancelling is `POST
 
 from __future__ import annotations
 
+from datetime import datetime
 from functools import cache
 from importlib import resources
+from typing import Annotated, Any, Literal
 
 from flask import Blueprint, Response
+from msgspec import UNSET, Meta, Struct
 
 from api import validation as v
 from api.auth import require_admin
+from api.contract import (
+    ADMIN,
+    ADMIN_ERRORS,
+    BAD_REQUEST,
+    Absent,
+    Answer,
+    JobId,
+    Op,
+    describe,
+    field_names,
+    html,
+)
 from api.errors import bad_request, json_response
 from api.thumbnails import state
 from worker import db
@@ -41,12 +56,79 @@ _CSP = "; ".join(
 )
 
 
+# -- answers and requests ---------------------------------------------------------------------
+
+
+class QueueRow(Struct, kw_only=True):
+    queue: str | Absent = UNSET
+    priority: int | Absent | None = UNSET
+    depth: int | Absent = UNSET
+    waiting: int | Absent = UNSET
+    in_flight: int | Absent = UNSET
+    oldest_age_s: int | Absent | None = UNSET
+
+
+class TaskRow(Struct, kw_only=True):
+    task: str | Absent = UNSET
+
+
+class MinuteRow(Struct, kw_only=True):
+    minute: str | Absent = UNSET
+    completed: int | Absent = UNSET
+    failed: int | Absent = UNSET
+
+
+class FailureRow(Struct, kw_only=True):
+    error_code: str | Absent = UNSET
+    count: int | Absent = UNSET
+
+
+class JobRow(Struct, kw_only=True):
+    job_id: int | Absent = UNSET
+
+
+class RunRow(Struct, kw_only=True):
+    id: int | Absent = UNSET
+
+
+class OpsOverview(Struct):
+    generated_at: datetime
+    queues: list[QueueRow]
+    tasks: list[TaskRow]
+    throughput: list[MinuteRow]
+    failures: list[FailureRow]
+    dead_letters: list[JobRow]
+    dead_letters_total: int
+    running: list[JobRow]
+    runs: list[RunRow]
+
+
+class ReplayRequest(Struct, kw_only=True, forbid_unknown_fields=True):
+    """Either "job_ids" or "all": true."""
+
+    job_ids: Annotated[list[JobId], Meta(min_length=1, max_length=MAX_REPLAY_IDS)] | Absent = UNSET
+    all: Literal[True] | Absent = UNSET
+
+
+class Replayed(Struct):
+    replayed: int
+    job_ids: list[int]
+    skipped: list[int]
+
+
 @cache
 def _page() -> str:
     return resources.files("api").joinpath("static/operator.html").read_text(encoding="utf-8")
 
 
 @bp.get("/operator")
+@describe(
+    Op(
+        "operatorPage",
+        "The operator page: queues, throughput, failures, dead letters, running jobs.",
+        {200: html("An HTML page; it asks for the admin secret.")},
+    )
+)
 def operator_page() -> Response:
     """The operator page; it asks for the admin secret before it reads anything."""
     return Response(
@@ -62,6 +144,14 @@ def operator_page() -> Response:
 
 
 @bp.get("/api/ops/overview")
+@describe(
+    Op(
+        "getOpsOverview",
+        "Everything the operator page shows, from one SQL call.",
+        {200: Answer("The overview.", OpsOverview), **ADMIN_ERRORS},
+        security=ADMIN,
+    )
+)
 def overview() -> Response:
     """Queues, tasks, throughput, failures, dead letters, running jobs and recent runs."""
     st = state()
@@ -72,8 +162,8 @@ def overview() -> Response:
     return json_response(row["overview"], headers={"Cache-Control": "no-store"})
 
 
-def _replay_ids(body: dict[str, object]) -> list[int] | None:
-    unknown = set(body) - {"job_ids", "all"}
+def _replay_ids(body: dict[str, Any]) -> list[int] | None:
+    unknown = set(body) - set(field_names(ReplayRequest)[1])
     if unknown:
         raise bad_request(f"unknown field(s): {', '.join(sorted(unknown))}")
     if ("job_ids" in body) == ("all" in body):
@@ -98,6 +188,19 @@ def _replay_ids(body: dict[str, object]) -> list[int] | None:
 
 
 @bp.post("/api/ops/dlq/replay")
+@describe(
+    Op(
+        "replayDeadLetters",
+        "Queue dead-lettered jobs again: fresh attempts, one new message each.",
+        {
+            200: Answer("What was replayed, and the ids that were not dead letters.", Replayed),
+            **BAD_REQUEST,
+            **ADMIN_ERRORS,
+        },
+        security=ADMIN,
+        body=ReplayRequest,
+    )
+)
 def replay() -> Response:
     """Queue dead-lettered jobs again: fresh attempts, one new message each; answers which."""
     st = state()
@@ -110,110 +213,3 @@ def replay() -> Response:
     st.progress_cache.forget()  # the jobs may belong to any group
     skipped = [] if ids is None else sorted(set(ids) - set(replayed))
     return json_response({"replayed": len(replayed), "job_ids": replayed, "skipped": skipped})
-
-
-def _paths() -> dict[str, object]:
-    from api.openapi import _ADMIN_ERRORS, _BODY_ERRORS, ADMIN, _body, _json, _op
-
-    def listed(**props: object) -> dict[str, object]:
-        return {"type": "array", "items": {"type": "object", "properties": props}}
-
-    overview = {
-        "type": "object",
-        "required": [
-            "generated_at",
-            "queues",
-            "tasks",
-            "throughput",
-            "failures",
-            "dead_letters",
-            "dead_letters_total",
-            "running",
-            "runs",
-        ],
-        "properties": {
-            "generated_at": {"type": "string", "format": "date-time"},
-            "queues": listed(
-                queue={"type": "string"},
-                priority={"type": ["integer", "null"]},
-                depth={"type": "integer"},
-                waiting={"type": "integer"},
-                in_flight={"type": "integer"},
-                oldest_age_s={"type": ["integer", "null"]},
-            ),
-            "tasks": listed(task={"type": "string"}),
-            "throughput": listed(
-                minute={"type": "string"}, completed={"type": "integer"}, failed={"type": "integer"}
-            ),
-            "failures": listed(error_code={"type": "string"}, count={"type": "integer"}),
-            "dead_letters": listed(job_id={"type": "integer"}),
-            "dead_letters_total": {"type": "integer"},
-            "running": listed(job_id={"type": "integer"}),
-            "runs": listed(id={"type": "integer"}),
-        },
-    }
-    replay_body = {
-        "type": "object",
-        "description": 'Either "job_ids" or "all": true.',
-        "properties": {
-            "job_ids": {
-                "type": "array",
-                "minItems": 1,
-                "maxItems": MAX_REPLAY_IDS,
-                "items": {"type": "integer", "minimum": 1},
-            },
-            "all": {"const": True},
-        },
-        "additionalProperties": False,
-    }
-    ids = {"type": "array", "items": {"type": "integer"}}
-    replayed = {
-        "type": "object",
-        "required": ["replayed", "job_ids", "skipped"],
-        "properties": {"replayed": {"type": "integer"}, "job_ids": ids, "skipped": ids},
-    }
-    return {
-        "/operator": {
-            "get": _op(
-                "The operator page: queues, throughput, failures, dead letters, running jobs.",
-                {
-                    "200": {
-                        "description": "An HTML page; it asks for the admin secret.",
-                        "content": {"text/html": {"schema": {"type": "string"}}},
-                    }
-                },
-                op_id="operatorPage",
-            )
-        },
-        "/api/ops/overview": {
-            "get": _op(
-                "Everything the operator page shows, from one SQL call.",
-                {"200": _json(overview, "The overview."), **_ADMIN_ERRORS},
-                security=ADMIN,
-                op_id="getOpsOverview",
-            )
-        },
-        "/api/ops/dlq/replay": {
-            "post": _op(
-                "Queue dead-lettered jobs again: fresh attempts, one new message each.",
-                {
-                    "200": _json(
-                        replayed, "What was replayed, and the ids that were not dead letters."
-                    ),
-                    **_BODY_ERRORS,
-                    **_ADMIN_ERRORS,
-                },
-                security=ADMIN,
-                body=_body(replay_body),
-                op_id="replayDeadLetters",
-            )
-        },
-    }
-
-
-def __getattr__(name: str) -> object:
-    # Built on first use (api/openapi.py asks for it), so that serving a request never imports
-    # the OpenAPI module.
-    if name == "openapi_paths":
-        return _paths()
-    raise AttributeError(name)

@@ -15,17 +15,33 @@ from __future__ import annotations
 import json
 import math
 import time
+from datetime import datetime
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import urlencode, urlsplit
 
 from flask import Blueprint, Response, current_app, request
+from msgspec import UNSET, Meta, Struct
 
 from api import validation as v
 from api.auth import require_reader
+from api.contract import (
+    ADMIN_ERRORS,
+    READER,
+    Absent,
+    Answer,
+    Error,
+    GroupId,
+    Key,
+    Op,
+    describe,
+    html,
+    image,
+)
 from api.errors import ApiError, json_response
 from api.state import AppState
+from api.thumbnails import Job
 from worker import db
 from worker.errors import PERMANENT_CODES, InvalidKey
 from worker.signing import THUMBNAIL_URL_TTL_S, thumbnail_signature, thumbnail_signature_ok
@@ -49,6 +65,101 @@ IMAGE_TYPES = {
     "png": "image/png",
     "avif": "image/avif",
 }
+
+# -- requests and answers ---------------------------------------------------------------------
+
+
+class PageQuery(Struct):
+    group_id: GroupId | Absent = UNSET
+
+
+class FailuresQuery(Struct, kw_only=True):
+    group_id: GroupId
+    limit: Annotated[int, Meta(ge=1, le=FAILURES_MAX_LIMIT)] = FAILURES_DEFAULT_LIMIT
+
+
+class GalleryQuery(Struct, kw_only=True):
+    group_id: GroupId
+    limit: Annotated[int, Meta(ge=1, le=GALLERY_MAX_LIMIT)] = GALLERY_DEFAULT_LIMIT
+    before: (
+        Annotated[
+            int,
+            Meta(
+                ge=1, description="Only jobs with a smaller id (the previous page's next_before)."
+            ),
+        ]
+        | Absent
+    ) = UNSET
+
+
+class ImageQuery(Struct):
+    key: Key
+    expires: int
+    sig: str
+
+
+class Failure(Job, kw_only=True):
+    permanent: Annotated[
+        bool,
+        Meta(
+            description="The error is permanent (the input itself is the problem): no retry "
+            "will come, and retrying by hand fails the same way."
+        ),
+    ]
+
+
+class Failures(Struct):
+    group_id: str
+    failures: list[Failure]
+
+
+class PageUrl(Struct):
+    page: int
+    url: str
+
+
+class GalleryItem(Struct, kw_only=True):
+    job_id: int
+    source_key: str
+    url: Annotated[
+        str, Meta(description="Absolute (presigned S3) or relative to the API (local files).")
+    ]
+    width: int | None
+    height: int | None
+    content_type: str | Absent | None = UNSET
+    completed_at: datetime | Absent | None = UNSET
+    dominant_color: (
+        Annotated[
+            str | None, Meta(description="#rrggbb to show while the image loads, where recorded.")
+        ]
+        | Absent
+    ) = UNSET
+    thumbhash: (
+        Annotated[str | None, Meta(description="A ThumbHash (base64) placeholder, where recorded.")]
+        | Absent
+    ) = UNSET
+    pages: (
+        Annotated[
+            list[PageUrl],
+            Meta(
+                description="A document's pages in order (THUMBQ_PAGES above 1), each at its "
+                "smallest size; empty for a single page."
+            ),
+        ]
+        | Absent
+    ) = UNSET
+
+
+class Gallery(Struct):
+    group_id: str
+    thumbnails: list[GalleryItem]
+    next_before: Annotated[
+        int | None, Meta(description="Pass as `before` for the next page; null at the end.")
+    ]
+
+
+_READ_ERRORS: dict[int, Answer | str] = {400: "BadRequest", 404: "NotFound", **ADMIN_ERRORS}
+
 _CONFIG_SLOT = '<script id="thumbq-config" type="application/json">{}</script>'
 
 
@@ -129,6 +240,14 @@ def _csp(settings: dict[str, Any], image_origin: str | None = None) -> str:
 
 
 @bp.get("/progress")
+@describe(
+    Op(
+        "progressPage",
+        "The progress page: polls the progress endpoint, or follows Supabase Realtime.",
+        {200: html("An HTML page.")},
+        query=PageQuery,
+    )
+)
 def progress_page() -> Response:
     """The progress page; which group it shows is read from the query string by its script."""
     settings = page_settings()
@@ -162,6 +281,23 @@ def _limit() -> int:
 
 
 @bp.get("/api/thumbnails/failures")
+@describe(
+    Op(
+        "getFailures",
+        "A group's most recent failed, unsupported and retrying jobs with their errors (for the "
+        "progress page).",
+        {
+            200: Answer(
+                "The group's files without a thumbnail and why (failed, unsupported, missing "
+                "from storage, or retrying after an error), newest first.",
+                Failures,
+            ),
+            **_READ_ERRORS,
+        },
+        security=READER,
+        query=FailuresQuery,
+    )
+)
 def failures() -> Response:
     """A group's files without a thumbnail and why: failed, unsupported, missing from storage,
     or retrying after an error; newest first."""
@@ -201,6 +337,17 @@ def _thumbnail_url(key: str, expires: int) -> str:
 
 
 @bp.get("/api/thumbnails/gallery")
+@describe(
+    Op(
+        "getGallery",
+        "A page of a group's finished thumbnails, newest job first, with URLs an <img> can load "
+        "without credentials: presigned by S3, or signed URLs of /api/thumbnails/image for "
+        "local files (valid about an hour).",
+        {200: Answer("Finished thumbnails.", Gallery), **_READ_ERRORS},
+        security=READER,
+        query=GalleryQuery,
+    )
+)
 def gallery() -> Response:
     """A page of a group's finished thumbnails (newest job first) with URLs an <img> can load:
     presigned by S3, or signed for /api/thumbnails/image with local files."""
@@ -265,6 +412,20 @@ def _forbidden() -> ApiError:
 
 
 @bp.get("/api/thumbnails/image")
+@describe(
+    Op(
+        "getThumbnailImage",
+        "One thumbnail from local storage, for a URL the gallery signed (no other credentials: "
+        "an <img> sends none). Only keys under thumbnails/; never outside the storage root.",
+        {
+            200: image("The image.", IMAGE_TYPES.values()),
+            400: "BadRequest",
+            403: Answer("A signature that is wrong or expired (code forbidden).", Error),
+            404: "NotFound",
+        },
+        query=ImageQuery,
+    )
+)
 def thumbnail_image() -> Response:
     """One thumbnail from local storage, for a URL the gallery signed. Only keys under
     thumbnails/ with an image extension, and storage refuses any key that would leave its

@@ -12,7 +12,9 @@ from __future__ import annotations
 import time
 
 from flask import Blueprint, Response, request
+from msgspec import Struct
 
+from api.contract import Answer, Error, Op, describe, image
 from api.errors import ApiError
 from api.thumbnails import state
 from worker import urls
@@ -22,7 +24,31 @@ from worker.storage import NotFound
 bp = Blueprint("signed", __name__)
 
 
+class SignedPath(Struct):
+    name: str
+
+
+class SignedQuery(Struct):
+    expires: str
+    signature: str
+
+
 @bp.get("/thumbnails/<path:name>")
+@describe(
+    Op(
+        "getSignedThumbnail",
+        "One thumbnail (thumbnails/<name>) for a signed URL of a job answer, no credentials: "
+        "403 signature_invalid or url_expired otherwise.",
+        {
+            200: image("The image.", urls.IMAGE_TYPES.values()),
+            400: "BadRequest",
+            403: Answer("signature_invalid, or url_expired.", Error),
+            404: "NotFound",
+        },
+        path=SignedPath,
+        query=SignedQuery,
+    )
+)
 def thumbnail(name: str) -> Response:
     """The thumbnail `thumbnails/<name>`, for a genuine signed URL that has not expired."""
     st = state()

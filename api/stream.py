@@ -35,13 +35,26 @@ import time
 from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING
 
+import msgspec
 import psycopg
 from flask import Blueprint, Response, request
+from msgspec import UNSET, Struct
 
 from api import validation as v
 from api.auth import Principal, require_reader
+from api.contract import (
+    ADMIN_ERRORS,
+    READER,
+    RETRY_AFTER,
+    Absent,
+    Answer,
+    Error,
+    GroupQuery,
+    Op,
+    describe,
+)
 from api.errors import ApiError
-from api.thumbnails import ProgressAnswer, group_not_found, read_progress, state
+from api.thumbnails import Progress, ProgressAnswer, group_not_found, read_progress, state
 from worker.log import log_event
 
 if TYPE_CHECKING:
@@ -52,9 +65,91 @@ bp = Blueprint("stream", __name__)
 RETRY_MS = 2000
 # Seconds a client refused for lack of a free stream should wait (or poll meanwhile).
 BUSY_RETRY_S = 5
+END_REASONS = ("done", "not_found")
+
+
+class StreamHeaders(Struct):
+    last_event_id: str | Absent = msgspec.field(default=UNSET, name="Last-Event-ID")
+
+
+def _json_data(schema: dict[str, object]) -> dict[str, object]:
+    return {"type": "string", "contentMediaType": "application/json", "contentSchema": schema}
+
+
+_EVENTS = {
+    "description": "Server-Sent Events until nothing is pending or processing: a `retry:` hint, "
+    "one `progress` event per change of the group (`id` is its ETag, `data` the progress "
+    "endpoint's JSON), a `: heartbeat` comment after 15 s without an event, and an `end` event "
+    '(`{"group_id", "reason": "done" | "not_found"}`). It also ends after 30 minutes or when a '
+    "user's token expires; a client reconnects with Last-Event-ID and gets no event for the "
+    "version it has. For servers that hold long responses (`thumbq serve`); serverless "
+    "deployments poll or use Realtime.",
+    # As OpenAPI 3.2 reads a stream's `itemSchema` (and tools read `schema` before 3.2): each
+    # event, with its JSON data described by contentSchema.
+    "content": {
+        "text/event-stream": {
+            "schema": {
+                "oneOf": [
+                    {
+                        "type": "object",
+                        "required": ["event", "id", "data"],
+                        "properties": {
+                            "event": {"const": "progress"},
+                            "id": {"type": "string", "description": "The group's ETag."},
+                            "data": _json_data({"$ref": Progress}),
+                        },
+                    },
+                    {
+                        "type": "object",
+                        "required": ["event", "data"],
+                        "properties": {
+                            "event": {"const": "end"},
+                            "data": _json_data(
+                                {
+                                    "type": "object",
+                                    "required": ["group_id", "reason"],
+                                    "properties": {
+                                        "group_id": {"type": "string"},
+                                        "reason": {"enum": list(END_REASONS)},
+                                    },
+                                }
+                            ),
+                        },
+                    },
+                ]
+            }
+        }
+    },
+    "headers": {"Cache-Control": {"schema": {"const": "no-cache"}}},
+}
 
 
 @bp.get("/api/thumbnails/progress/stream")
+@describe(
+    Op(
+        "streamProgress",
+        "A group's progress as Server-Sent Events, one event per change, until it is done.",
+        {
+            200: Answer(
+                str(_EVENTS["description"]),
+                content=_EVENTS["content"],  # type: ignore[arg-type]
+                headers=_EVENTS["headers"],  # type: ignore[arg-type]
+            ),
+            400: "BadRequest",
+            404: "NotFound",
+            **ADMIN_ERRORS,
+            503: Answer(
+                "too_many_streams (this process holds THUMBQ_MAX_STREAMS open; Retry-After), "
+                "streams_disabled, not_configured, or the database is unavailable.",
+                Error,
+                headers=RETRY_AFTER,
+            ),
+        },
+        security=READER,
+        query=GroupQuery,
+        headers=StreamHeaders,
+    )
+)
 def progress_stream() -> Response:
     """The group's progress as Server-Sent Events until nothing is pending or processing."""
     st = state()

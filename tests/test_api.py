@@ -25,7 +25,7 @@ from flask.testing import FlaskClient
 
 from api import create_app
 from api.auth import secret_matches
-from api.openapi import spec
+from api.contract import spec
 from tests import pgbouncer
 from tests.pgtools import require
 from tests.s3fixtures import free_port

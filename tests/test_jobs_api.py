@@ -21,7 +21,7 @@ from flask.testing import FlaskClient
 import tests.jobs_fixture
 import tests.tasks_fixture  # noqa: F401
 from api import create_app
-from api.openapi import spec
+from api.contract import spec
 from tests.liveapp import call, jpeg, live_app, wait_until
 from tests.test_api import ADMIN, JWT_SECRET, SECRET, assert_error, bearer, job_count, user_token
 from worker import db

@@ -230,7 +230,7 @@ def test_failures_endpoint_has_the_progress_endpoints_auth_and_its_documented_sh
     from jsonschema import Draft202012Validator
 
     from api import create_app
-    from api.openapi import spec
+    from api.contract import spec
 
     jwt_secret = "failures-jwt-secret-0123456789abcdef0123"
     config = config.with_(cron_secret=SECRET, jwt_secret=jwt_secret)

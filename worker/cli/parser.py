@@ -58,15 +58,10 @@ class _Commands(argparse._SubParsersAction):
         """The parser of command `name`, made now if it is not yet."""
         if name in self.later:
             kwargs, fill = self.later.pop(name)
-            # add_parser refuses a name its map holds, and the map is also the ordered list
-            # of choices (a usage error names them): make the parser aside, then put it in.
-            choices, self._name_parser_map = self._name_parser_map, {}
-            try:
-                made = self.add_parser(name, **kwargs)
-            finally:
-                self._name_parser_map = choices
-            fill(made)
-            choices[name] = made
+            # add_parser refuses a name its map holds. The map is also the list of choices that
+            # a usage error names, but they are checked before any command's parser is made.
+            del self._name_parser_map[name]
+            fill(self.add_parser(name, **kwargs))
         parser: argparse.ArgumentParser = self._name_parser_map[name]
         return parser
 

@@ -19,7 +19,6 @@ document had.
 from __future__ import annotations
 
 import copy
-import enum
 import inspect
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -31,7 +30,6 @@ from flask import Blueprint, Flask, Response, current_app, has_app_context
 
 from api import validation as v
 from api.errors import CODES, RETRY_AFTER_S, json_body
-from worker.jobs import TERMINAL
 
 JSON = "application/json"
 ADMIN: tuple[dict[str, list[str]], ...] = ({"adminSecret": []},)
@@ -400,12 +398,6 @@ JobId = Annotated[int, msgspec.Meta(ge=1)]
 # A field an answer may leave out: `name: int | Absent = UNSET`.
 Absent = msgspec.UnsetType
 Timestamp = datetime | None
-
-
-# A job waits, runs, or has ended in one of the engine's final states.
-JobStatus = enum.StrEnum(  # type: ignore[misc]
-    "JobStatus", [(s.upper(), s) for s in ("pending", "processing", *sorted(TERMINAL))]
-)
 
 
 class JobPath(msgspec.Struct):

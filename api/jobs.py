@@ -28,7 +28,6 @@ from api.contract import (
     Error,
     GroupId,
     JobPath,
-    JobStatus,
     Op,
     Timestamp,
     describe,
@@ -38,6 +37,7 @@ from api.errors import ApiError, json_response
 from api.signed import signer
 from api.thumbnails import SignedUrl, SignedUrls, state
 from worker import db
+from worker.engine.states import JobStatus
 from worker.jobs import SequenceConflict, view
 
 bp = Blueprint("jobs", __name__)

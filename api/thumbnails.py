@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import msgspec
 from flask import Blueprint, Response, current_app, request
@@ -30,7 +30,6 @@ from api.contract import (
     GroupId,
     GroupQuery,
     JobPath,
-    JobStatus,
     Key,
     Op,
     Timestamp,
@@ -41,6 +40,7 @@ from api.contract import (
 from api.errors import ApiError, json_body, json_response
 from api.state import AppState
 from worker import db
+from worker.engine.states import JobStatus, StopReason
 from worker.progress import (
     POLL_RUNNING_MS,
     POLL_SETTLED_MS,
@@ -208,8 +208,6 @@ _BATCH_COUNTS = {
     "checkpointed": "Jobs whose handler stopped to be resumed by a later invocation (a task's "
     "checkpoint: no attempt used).",
 }
-# Why a batch stopped, as worker/batch.py and worker/claiming.py name it.
-StopReason = Literal["drained", "time_budget", "rate_limited", "max_items"]
 
 
 @cache
@@ -223,9 +221,9 @@ def batch_result() -> type:
         [
             ("run_id", int),
             *(
-                (name, Annotated[int, Meta(description=_BATCH_COUNTS[name])])
+                (str(name), Annotated[int, Meta(description=_BATCH_COUNTS[name])])
                 if name in _BATCH_COUNTS
-                else (name, int)
+                else (str(name), int)
                 for name in COUNTS
             ),
             ("remaining", int | None),

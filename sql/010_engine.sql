@@ -213,3 +213,13 @@ begin
   end if;
 end
 $$;
+
+-- A run's stop reason is one of worker/engine/states.py's StopReason (tests/test_states.py).
+-- 001 also allowed 'error', which no version wrote: a run whose claim fails raises and leaves
+-- stopped_reason null. Added not valid, then validated, so the catalogue change is all the
+-- table's exclusive lock covers.
+alter table thumbq.batch_runs
+  drop constraint if exists batch_runs_stopped_reason_check,
+  add constraint batch_runs_stopped_reason_check
+    check (stopped_reason in ('drained', 'time_budget', 'rate_limited', 'max_items')) not valid;
+alter table thumbq.batch_runs validate constraint batch_runs_stopped_reason_check;

@@ -224,8 +224,18 @@ begin
 end
 $$;
 
+-- A run's stop reason is one of worker/engine/states.py's StopReason (tests/test_states.py).
+-- 001 also allowed 'error', which no version wrote: a run whose claim fails raises and leaves
+-- stopped_reason null. Added not valid, then validated, so the catalogue change is all the
+-- table's exclusive lock covers.
+alter table thumbq.batch_runs
+  drop constraint if exists batch_runs_stopped_reason_check,
+  add constraint batch_runs_stopped_reason_check
+    check (stopped_reason in ('drained', 'time_budget', 'rate_limited', 'max_items')) not valid;
+alter table thumbq.batch_runs validate constraint batch_runs_stopped_reason_check;
+
 insert into thumbq.schema_migrations (version, checksum)
-values ('010_engine', '16aca95469fb2f3239ad126216c2ec8d87fb08ad4ec784d232b1dc7ffe3f40c1')
+values ('010_engine', '919f81a6fbccf461478508e78a1f32c05c730a15bd56aa98c89c52367fbdd14c')
 on conflict (version) do update set checksum = excluded.checksum, applied_at = clock_timestamp();
 
 -- sql/retired.sql ---------------------------------------------------------------------------------

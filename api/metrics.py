@@ -17,7 +17,7 @@ from flask import Blueprint, Response
 from api.auth import bearer_token, secret_matches
 from api.errors import ApiError
 from api.thumbnails import state
-from worker import db
+from worker.engine import db
 
 bp = Blueprint("metrics", __name__)
 

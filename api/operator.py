@@ -21,7 +21,7 @@ from api import validation as v
 from api.auth import require_admin
 from api.errors import bad_request, json_response
 from api.thumbnails import state
-from worker import db
+from worker.engine import db
 
 bp = Blueprint("operator", __name__)
 

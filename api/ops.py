@@ -9,8 +9,8 @@ from flask import Blueprint, Response
 from api.auth import require_admin
 from api.errors import json_response
 from api.thumbnails import state
-from worker import db
-from worker.queue import Queue
+from worker.engine import db
+from worker.engine.queue import Queue
 
 bp = Blueprint("ops", __name__)
 

@@ -26,9 +26,9 @@ from api import validation as v
 from api.auth import require_reader
 from api.errors import ApiError, json_response
 from api.state import AppState
-from worker import db
-from worker.errors import PERMANENT_CODES, InvalidKey
-from worker.signing import THUMBNAIL_URL_TTL_S, thumbnail_signature, thumbnail_signature_ok
+from worker.app.signing import THUMBNAIL_URL_TTL_S, thumbnail_signature, thumbnail_signature_ok
+from worker.engine import db
+from worker.engine.errors import PERMANENT_CODES, InvalidKey
 from worker.storage import NotFound
 
 bp = Blueprint("pages", __name__, static_folder="static", static_url_path="/progress/static")

@@ -42,7 +42,7 @@ from api import validation as v
 from api.auth import Principal, require_reader
 from api.errors import ApiError
 from api.thumbnails import ProgressAnswer, group_not_found, read_progress, state
-from worker.log import log_event
+from worker.engine.log import log_event
 
 if TYPE_CHECKING:
     from api.state import AppState

@@ -15,9 +15,9 @@ from api import validation as v
 from api.auth import Principal, require_admin, require_reader
 from api.errors import ApiError, json_body, json_response
 from api.state import AppState
-from worker import db
-from worker.progress import poll_after_ms, progress_body
-from worker.queue import Queue
+from worker.engine import db
+from worker.engine.progress import poll_after_ms, progress_body
+from worker.engine.queue import Queue
 
 bp = Blueprint("thumbnails", __name__, url_prefix="/api/thumbnails")
 
@@ -153,7 +153,7 @@ def batch_generate() -> Response:
             {"Retry-After": str(BATCH_BUSY_RETRY_S)},
         )
     try:
-        from worker.batch import run_batch
+        from worker.engine.batch import run_batch
 
         with st.dedicated_connection() as conn:
             result = run_batch(
@@ -177,11 +177,11 @@ def enqueue() -> Response:
     st = state()
     require_admin(st.config)
     items = v.enqueue_items(v.json_body())
-    from worker.service import enqueue as enqueue_items
+    from worker.thumbnails.files import enqueue_keys
 
     try:
         with st.connection() as conn:
-            result = enqueue_items(conn, st.storage(), st.config, items)
+            result = enqueue_keys(conn, st.storage(), st.config, items)
     finally:
         st.progress_cache.forget()  # items may name several groups
     return json_response(result, 202)
@@ -196,7 +196,7 @@ def backfill() -> Response:
     v.check_fields(body, required=("prefix",), optional=("group_id",))
     prefix = v.key_prefix(body["prefix"])
     group_id = v.group_id(body["group_id"]) if body.get("group_id") is not None else "default"
-    from worker.service import backfill as backfill_prefix
+    from worker.thumbnails.files import backfill as backfill_prefix
 
     try:
         with st.connection() as conn:
@@ -249,7 +249,7 @@ def cleanup_stale() -> Response:
     st = state()
     require_admin(st.config)
     v.check_fields(_cron_params())
-    from worker.service import cleanup_stale as cleanup
+    from worker.thumbnails.files import cleanup_stale as cleanup
 
     with st.connection() as conn:
         result = cleanup(conn, st.config, storage=st.storage())

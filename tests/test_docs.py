@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from worker.cli import build_parser
-from worker.config import Config
+from worker.engine.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -55,7 +55,7 @@ def test_the_readme_is_what_a_user_needs_first_and_the_reference_lives_in_docs()
 
 def test_the_readme_lists_every_setting_thumbq_reads() -> None:
     source = inspect.getsource(Config.from_env) + inspect.getsource(
-        __import__("worker.config", fromlist=["x"])
+        __import__("worker.engine.config", fromlist=["x"])
     )
     names = set(re.findall(r'"((?:THUMBQ|SUPABASE|AWS)_[A-Z_]+|DATABASE_URL|CRON_SECRET)"', source))
     table = README.read_text(encoding="utf-8").split("## Configuration", 1)[1]

@@ -55,7 +55,7 @@ def violations(source: str) -> list[str]:
         ):
             found.append(f"line {node.lineno}: names tests/ in {node.value[:60]!r}")
     for node in ast.walk(tree):
-        # `worker.samples._photo(...)` or `samples._photo(...)` after a public import.
+        # `worker.local.samples._photo(...)` or `samples._photo(...)` after a public import.
         if isinstance(node, ast.Attribute) and _private(node.attr):
             base = node.value
             while isinstance(base, ast.Attribute):
@@ -68,7 +68,7 @@ def violations(source: str) -> list[str]:
 def test_bench_imports_neither_tests_nor_private_names() -> None:
     # Regression: bench/batch.py, render.py, load.py and hostile.py imported tests/corpus.py and
     # tests/faultkit.py (hostile.py also ran `python -m tests.faultkit drive`), and bench/batch.py
-    # imported worker.samples._photo.
+    # imported worker.local.samples._photo.
     files = sorted(ROOT.joinpath("bench").rglob("*.py"))
     assert len(files) > 5, files
     bad = {
@@ -88,15 +88,15 @@ def test_bench_imports_neither_tests_nor_private_names() -> None:
         ("def f():\n    from tests.faultkit import vector_pdf", True),
         ("argv = ['python', '-m', 'tests.faultkit', 'drive']", True),
         ("CHILD = '''\nfrom tests.corpus import a4_pdf\n'''", True),
-        ("from worker.samples import _photo", True),
-        ("from worker.samples import demo_files, _photo as photo", True),
+        ("from worker.local.samples import _photo", True),
+        ("from worker.local.samples import demo_files, _photo as photo", True),
         ("from worker._private import thing", True),
-        ("import worker.samples\nworker.samples._photo(1, 1, 1)", True),
+        ("import worker.local.samples\nworker.samples._photo(1, 1, 1)", True),
         ("from worker import samples\nsamples._photo(1, 1, 1)", True),
         ("from api import create_app\ncreate_app._cache", True),
-        ("from worker.samples import photo", False),
+        ("from worker.local.samples import photo", False),
         ("from bench.corpus import CORPUS, slow_pdf", False),
-        ("from worker.queue import Queue\nQueue.__name__", False),
+        ("from worker.engine.queue import Queue\nQueue.__name__", False),
         ("import random\nrandom._inst", False),  # not thumbq's
         ("print('the tests measure this too')", False),
         ('"""It lives in bench/ (bench/ imports nothing from tests/)."""', False),

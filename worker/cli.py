@@ -3,7 +3,7 @@
 Manners (DESIGN.md, "CLI manners"): read-only commands (`status`, `queues`, `watch`) never create
 or change a schema; every error is one line on stderr naming what to do, exit code 1 (2 for a
 usage error), no traceback unless THUMBQ_DEBUG=1; input is checked by the same rules as the HTTP
-API (worker/validation.py); every command of one THUMBQ_HOME shares its database, storage and
+API (worker/app/validation.py); every command of one THUMBQ_HOME shares its database, storage and
 admin secret, and the embedded Postgres stops when the last command using it ends.
 """
 
@@ -20,15 +20,22 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
-from worker import db, stopping, validation
-from worker.config import SECRET_FILE, Config, ConfigError, check_task_modules, read_secret_file
-from worker.queue import Queue
-from worker.signing import PAGE_TOKEN_TTL_S
-from worker.terminal import ProgressBar, print_json, print_table
+from worker.app import validation
+from worker.app.signing import PAGE_TOKEN_TTL_S
+from worker.engine import db, stopping
+from worker.engine.config import (
+    SECRET_FILE,
+    Config,
+    ConfigError,
+    check_task_modules,
+    read_secret_file,
+)
+from worker.engine.queue import Queue
+from worker.local.terminal import ProgressBar, print_json, print_table
 
 if TYPE_CHECKING:
-    from worker.embedded import EmbeddedLease
-    from worker.serving import ServerThread
+    from worker.local.embedded import EmbeddedLease
+    from worker.local.server import ServerThread
     from worker.storage import Storage
 
 DEFAULT_API_URL = "http://127.0.0.1:8000"
@@ -75,7 +82,7 @@ class Runtime:
         when `create` is false)."""
         if self.config.database_url:
             return self.config.database_url
-        from worker.embedded import EmbeddedLease
+        from worker.local.embedded import EmbeddedLease
 
         if self.lease is None:
             self.lease = EmbeddedLease(self.config.home, self.command)
@@ -89,7 +96,7 @@ class Runtime:
 
     def announce(self, **fields: Any) -> None:
         """Tell the home's other commands what this one does (its schedule, its API)."""
-        from worker import home
+        from worker.local import home
 
         if self.lease is not None and self.lease.url is not None:
             self.lease.update(**fields)
@@ -110,7 +117,7 @@ class Runtime:
             lease, self.lease = self.lease, None
             say(lease.release())
         if self.registered:
-            from worker import home
+            from worker.local import home
 
             with home.locked(self.config.home):
                 home.unregister(self.config.home)
@@ -227,7 +234,7 @@ def cmd_db_init(rt: Runtime, args: argparse.Namespace) -> int:
 
 
 def cmd_db_export_migration(rt: Runtime, args: argparse.Namespace) -> int:
-    from worker.migrations import export
+    from worker.engine.migrations import export
 
     for path in export(Path(args.out)):
         print(path)
@@ -238,7 +245,7 @@ def cmd_db_export_migration(rt: Runtime, args: argparse.Namespace) -> int:
 
 
 def cmd_run_batch(rt: Runtime, args: argparse.Namespace) -> int:
-    from worker.batch import run_batch
+    from worker.engine.batch import run_batch
 
     budget_ms, max_items = _checked(
         lambda: validation.batch_options(
@@ -256,7 +263,7 @@ def cmd_run_batch(rt: Runtime, args: argparse.Namespace) -> int:
 
 
 def cmd_enqueue(rt: Runtime, args: argparse.Namespace) -> int:
-    from worker.service import enqueue
+    from worker.thumbnails.files import enqueue_keys as enqueue
 
     group = _checked(lambda: validation.group_id(args.group, "--group"))
     etag = args.etag and _checked(lambda: validation.etag(args.etag, "--etag"))
@@ -279,7 +286,7 @@ def cmd_enqueue(rt: Runtime, args: argparse.Namespace) -> int:
 
 
 def cmd_backfill(rt: Runtime, args: argparse.Namespace) -> int:
-    from worker.service import backfill
+    from worker.thumbnails.files import backfill
 
     prefix = _checked(lambda: validation.key_prefix(args.prefix, "--prefix"))
     group = _checked(lambda: validation.group_id(args.group, "--group"))
@@ -320,7 +327,7 @@ def _after_enqueue(
 
 def _local_up(rt: Runtime) -> Any:
     """The registration of a `thumbq up` of this home that serves this database, if any."""
-    from worker import home
+    from worker.local import home
 
     me = home.database_fingerprint(rt.database_url())
     for reg in home.running(rt.config.home):
@@ -340,8 +347,8 @@ def _page_note(rt: Runtime, group: str) -> None:
 def _next_batch(rt: Runtime, conn: db.Conn) -> str:
     """When the next batch is due for this database, as far as this machine can know: a
     `thumbq up`/`scheduler` of the same home, or pg_cron in the database."""
-    from worker import home
-    from worker.scheduler import cron_trigger
+    from worker.local import home
+    from worker.local.cron import cron_trigger
 
     now = datetime.now(UTC)
     me = home.database_fingerprint(rt.database_url())
@@ -409,7 +416,7 @@ def cmd_cancel(rt: Runtime, args: argparse.Namespace) -> int:
 
 
 def cmd_cleanup_stale(rt: Runtime, args: argparse.Namespace) -> int:
-    from worker.service import cleanup_stale
+    from worker.thumbnails.files import cleanup_stale
 
     with _connect(rt) as conn:
         print_json(cleanup_stale(conn, rt.config, storage=_storage(rt)))
@@ -420,7 +427,7 @@ def cmd_cleanup_stale(rt: Runtime, args: argparse.Namespace) -> int:
 
 
 def cmd_status(rt: Runtime, args: argparse.Namespace) -> int:
-    from worker.progress import progress_body
+    from worker.engine.progress import progress_body
 
     group = args.group and _checked(lambda: validation.group_id(args.group, "--group"))
     with _connect(rt, readonly=True) as conn, _read_only(conn):
@@ -486,7 +493,7 @@ def cmd_queues(rt: Runtime, args: argparse.Namespace) -> int:
 
 def _local_api_url(config: Config) -> str | None:
     """The API a `thumbq up` of this home serves, when THUMBQ_API_URL is left at its default."""
-    from worker import home
+    from worker.local import home
 
     if config.api_url != DEFAULT_API_URL:
         return None
@@ -495,7 +502,7 @@ def _local_api_url(config: Config) -> str | None:
 
 
 def cmd_watch(rt: Runtime, args: argparse.Namespace) -> int:
-    from worker.watch import WatchOptions, watch
+    from worker.local.watch import WatchOptions, watch
 
     config = rt.config
     group = _checked(lambda: validation.group_id(args.group, "GROUP"))
@@ -528,7 +535,7 @@ def cmd_watch(rt: Runtime, args: argparse.Namespace) -> int:
 def _quiet_logs_on_a_terminal(rt: Runtime, stream: TextIO) -> Iterator[Path | None]:
     """On a terminal, the batches' JSON log lines go to a file (named in the summary) so that
     they do not cut through the progress bar; elsewhere they stay on stderr."""
-    from worker.log import redirected
+    from worker.engine.log import redirected
 
     if not stream.isatty():
         yield None
@@ -552,8 +559,9 @@ def _drain(
     """Run batches here until the group has nothing pending or processing (retries wait out
     their backoff, so the bound is time); a progress bar on stderr meanwhile. The runs'
     answers."""
-    from worker.batch import render_options, run_batch
-    from worker.render.process import RenderPool
+    from worker.engine.batch import run_batch
+    from worker.thumbnails.render.process import RenderPool
+    from worker.thumbnails.task import render_options
 
     config = rt.config
     stream = stream or sys.stderr
@@ -666,8 +674,8 @@ def _print_outcome(
 
 
 def cmd_demo(rt: Runtime, args: argparse.Namespace) -> int:
-    from worker.samples import demo_files
-    from worker.service import enqueue
+    from worker.local.samples import demo_files
+    from worker.thumbnails.files import enqueue_keys as enqueue
 
     out = sys.stdout
     storage = _storage(rt)
@@ -751,7 +759,7 @@ def _server_threads(config: Config, threads: int) -> int:
 
 def _listen(app: Any, host: str, port: int, threads: int) -> ServerThread:
     """The started server, or a one-line error when the address cannot be used."""
-    from worker.serving import ServerThread
+    from worker.local.server import ServerThread
 
     try:
         return ServerThread(app, host, port, threads=threads).start()
@@ -809,7 +817,7 @@ def cmd_serve(rt: Runtime, args: argparse.Namespace) -> int:
         )
         sig = stopping.wait_for(stop)
         print(f"thumbq: {sig}, stopping", file=sys.stderr, flush=True)
-        # A batch in flight sees the same stop and ends within its grace (worker.stopping).
+        # A batch in flight sees the same stop and ends within its grace (worker.engine.stopping).
         server.close(stopping.SERVER_WAIT_S)
         _close_app(app)
     print("thumbq: stopped", file=sys.stderr, flush=True)
@@ -896,7 +904,8 @@ def granian_app() -> Any:
 
 
 def cmd_scheduler(rt: Runtime, args: argparse.Namespace) -> int:
-    from worker.scheduler import Scheduler, cron_trigger
+    from worker.local.cron import CronScheduler as Scheduler
+    from worker.local.cron import cron_trigger
 
     config = rt.config
     _checked(lambda: _schedule_ok(config.schedule, cron_trigger))
@@ -928,7 +937,7 @@ def page_link(api_url: str, secret: str, latest: Sequence[dict[str, Any]] = ()) 
     the address bar at once."""
     from urllib.parse import quote
 
-    from worker.signing import page_token
+    from worker.app.signing import page_token
 
     query = f"?group_id={quote(latest[0]['group_id'], safe='')}" if latest else ""
     return f"{api_url}/progress{query}#key={page_token(secret)}"
@@ -949,7 +958,8 @@ def _ask_before_writing(conn: db.Conn, rt: Runtime) -> None:
 
 def cmd_up(rt: Runtime, args: argparse.Namespace) -> int:
     from api import create_app
-    from worker.scheduler import Scheduler, cron_trigger
+    from worker.local.cron import CronScheduler as Scheduler
+    from worker.local.cron import cron_trigger
 
     out = sys.stdout
     config = rt.config
@@ -1017,8 +1027,8 @@ def cmd_up(rt: Runtime, args: argparse.Namespace) -> int:
 
 
 def cmd_down(rt: Runtime, args: argparse.Namespace) -> int:
-    from worker import home
-    from worker.embedded import EmbeddedPostgres
+    from worker.local import home
+    from worker.local.embedded import EmbeddedPostgres
 
     server = EmbeddedPostgres(rt.config.home)
     with home.locked(rt.config.home):
@@ -1048,7 +1058,8 @@ def _option(field: str) -> str:
 def cmd_jobs_enqueue(rt: Runtime, args: argparse.Namespace) -> int:
     import json
 
-    from worker.jobs import SequenceConflict, enqueue, view
+    from worker.app.jobs import SequenceConflict, view
+    from worker.app.jobs import submit as enqueue
 
     item: dict[str, Any] = {"task": args.task, "group_id": args.group}
     if args.payload is not None:
@@ -1072,9 +1083,9 @@ def cmd_jobs_enqueue(rt: Runtime, args: argparse.Namespace) -> int:
         if wait_ms is None:
             print_json(row)
             return 0
-        from worker.batch import render_options
-        from worker.interactive import run_job
-        from worker.render.process import RenderPool
+        from worker.engine.interactive import run_job
+        from worker.thumbnails.render.process import RenderPool
+        from worker.thumbnails.task import render_options
 
         pool = RenderPool(
             render_options(rt.config), rt.config.concurrency, rt.config.render_memory_mb
@@ -1093,9 +1104,9 @@ def cmd_jobs_enqueue(rt: Runtime, args: argparse.Namespace) -> int:
 
 
 def cmd_jobs_show(rt: Runtime, args: argparse.Namespace) -> int:
-    from worker.jobs import get
+    from worker.app.jobs import get
     from worker.storage import open_storage
-    from worker.urls import UrlSigner
+    from worker.thumbnails.urls import UrlSigner
 
     # With THUMBQ_SIGNED_URL_TTL_S, the same thumbnail URLs as GET /api/jobs/<id>.
     signer = UrlSigner.for_config(rt.config, open_storage(rt.config), rt.config.api_url)
@@ -1108,7 +1119,7 @@ def cmd_jobs_show(rt: Runtime, args: argparse.Namespace) -> int:
 
 
 def cmd_jobs_cancel(rt: Runtime, args: argparse.Namespace) -> int:
-    from worker.jobs import cancel
+    from worker.app.jobs import cancel
 
     with _connect(rt) as conn:
         result = cancel(conn, args.job_id)
@@ -1636,8 +1647,8 @@ def describe_error(exc: BaseException) -> str:
     """One line that says what went wrong and what to do about it."""
     import psycopg
 
-    from worker.embedded import EmbeddedError, EmbeddedUnavailable
-    from worker.errors import InvalidKey, ThumbqError
+    from worker.engine.errors import InvalidKey, ThumbqError
+    from worker.local.embedded import EmbeddedError, EmbeddedUnavailable
 
     if isinstance(
         exc,

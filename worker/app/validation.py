@@ -265,7 +265,7 @@ def job_item(
     item: Any, where: str, *, name_of: Callable[[str], str] | None = None
 ) -> dict[str, Any]:
     """One job to enqueue, in the engine's shape: for `thumbnail`, an enqueue item of
-    `Queue.enqueue` (with `task`); for any other task, an item of `Queue.enqueue_jobs`.
+    `Queue.enqueue_files` (with `task`); for any other task, an item of `Queue.enqueue_jobs`.
     `where` names the item (`items[3]`, or "" for a job posted alone); `name_of` names a field
     the way the caller wrote it (the CLI's `--ordering-key`)."""
     typed(item, dict, where or "body")

@@ -1,12 +1,13 @@
 """Interactive runs: one given job, now, within the caller's wait (seed 001's button click:
 `POST /api/jobs` with `wait_ms`, `thumbq jobs enqueue --wait-ms`).
 
-The parts of a batch (worker.engine.batch), for one job: it is claimed with the same lease and rate
-limit (`Queue.claim_job`), run by the Executor (the thumbnail pipeline or the task's handler in a
-render process, or a thread task's handler on a thread of its own) and recorded by the Recorder,
-under a Budget whose deadline is the end of the wait. Recording gets the same reserve after the
+The parts of a batch (worker.engine.batch), for one job: it is claimed with the same lease and
+rate limit (`Queue.claim_job`), run by the Executor (its task's runner, as the thumbnail task's,
+or its handler in a child process or on a thread of its own) and recorded by the Recorder, under
+a Budget whose deadline is the end of the wait. Recording gets the same reserve after the
 deadline as a batch's end (worker.engine.budget), so the answer comes within `wait_ms` + about
 0.3 s.
+
 
 What cannot finish in the wait stays queued, and the answer says why: the bucket has no token
 (`rate_limited`, with `retry_after_ms`), another invocation holds the job (`busy`), it waits

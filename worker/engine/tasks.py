@@ -7,7 +7,7 @@ result (stored as the job's `result`), or `ctx.checkpoint(state)` to be resumed 
 invocation without using an attempt. Raising `PermanentError` ends the job `failed`;
 `TransientError` (or anything unexpected) retries it with backoff.
 
-    from worker.engine.tasks import task, TaskContext, PermanentError
+    from worker.tasks import task, TaskContext, PermanentError
 
     @task("export_csv", rate_limit="exports", max_attempts=5)
     def export_csv(ctx: TaskContext, payload: dict) -> dict:

@@ -66,7 +66,7 @@ READER: list[dict[str, list[str]]] = [{"adminSecret": []}, {"userJwt": []}]
 _ADMIN_ERRORS = {"401": _err("Unauthorized"), "503": _err("Unavailable")}
 _BODY_ERRORS = {"400": _err("BadRequest"), "413": _err("TooLarge")}
 _COUNTS = ("total", "pending", "processing", "completed", "failed", "unsupported", "cancelled")
-# With THUMBQ_SIGNED_URL_TTL_S set, job answers carry these (worker/thumbnails/urls.py).
+# With THUMBQ_SIGNED_URL_TTL_S set, job answers carry these (worker/app/urls.py).
 _URL_FIELDS: dict[str, Any] = {
     "thumbnail_url": {
         "type": ["string", "null"],

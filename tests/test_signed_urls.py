@@ -18,13 +18,13 @@ import pytest
 from tests.liveapp import live_app, put_samples
 from worker.app.jobs import get
 from worker.app.signing import thumbnail_signature
+from worker.app.urls import UrlSigner
 from worker.engine import db
 from worker.engine.batch import run_batch
 from worker.engine.config import Config
 from worker.storage import open_storage
 from worker.thumbnails.files import enqueue_keys
 from worker.thumbnails.task import render_options
-from worker.thumbnails.urls import UrlSigner
 
 SECRET = "signed-urls-admin-secret-0123456789"
 TTL_S = 120

@@ -1105,8 +1105,8 @@ def cmd_jobs_enqueue(rt: Runtime, args: argparse.Namespace) -> int:
 
 def cmd_jobs_show(rt: Runtime, args: argparse.Namespace) -> int:
     from worker.app.jobs import get
+    from worker.app.urls import UrlSigner
     from worker.storage import open_storage
-    from worker.thumbnails.urls import UrlSigner
 
     # With THUMBQ_SIGNED_URL_TTL_S, the same thumbnail URLs as GET /api/jobs/<id>.
     signer = UrlSigner.for_config(rt.config, open_storage(rt.config), rt.config.api_url)

@@ -20,10 +20,10 @@ from worker.engine.queue import Queue
 from worker.engine.tasks import THUMBNAIL
 
 if TYPE_CHECKING:
+    from worker.app.urls import UrlSigner
     from worker.engine import db
     from worker.engine.config import Config
     from worker.storage import Storage
-    from worker.thumbnails.urls import UrlSigner
 
 # A job in one of these has ended: nothing more happens to it unless someone acts.
 # What a job's public view carries, besides `payload` and `result` (which a thumbnail job builds

@@ -102,9 +102,11 @@ MAX_HEADER = 64 * 1024
 
 @dataclass(eq=False)
 class Child:
+    """One child process of a pool and the parent's end of its socket."""
+
     pid: int
     sock: socket.socket
-    renders: int = 0
+    served: int = 0  # jobs and renders it answered
     dead: bool = False
 
 
@@ -235,7 +237,7 @@ class ProcessPool:
                     break
                 answer["cancelled"] = is_cancelled()
                 send_frame(child.sock, json.dumps(answer).encode())
-            child.renders += 1
+            child.served += 1
             if header.get("exit"):
                 self._kill(child)
         except TaskNotStarted:

@@ -251,7 +251,7 @@ class RenderPool(ProcessPool):
                 "render process died unexpectedly (a crash, or killed by the system, "
                 "possibly for lack of memory)",
             ) from None
-        child.renders += 1
+        child.served += 1
         reply = _parse_reply(payload)
         if isinstance(reply, Thumbnail):
             return reply

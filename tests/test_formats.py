@@ -719,3 +719,22 @@ def test_a_budget_bound_invocation_of_small_files_uses_its_whole_work_window(
             result = run_batch(config, conn, storage, small_pool)
     assert result.stopped_reason == "time_budget", result
     assert result.duration_ms >= 0.9 * config.deadline_ms, result
+
+
+def test_each_format_is_rendered_by_one_family_of_the_registry() -> None:
+    # The format registry (worker/thumbnails/render/formats.py) is the one list: a sniffed type
+    # belongs to at most one family, and a file named like a family's files is predicted as its
+    # kind before its bytes are read (the extension sets once lived apart, in worker/budget.py).
+    from worker.thumbnails.render import formats
+
+    seen: dict[str, str] = {}
+    for family in formats.FAMILIES:
+        for t in family.types:
+            assert t not in seen, (t, seen[t], family.kind)
+            seen[t] = family.kind
+            assert formats.family_of(t) is family
+        for ext in family.extensions:
+            assert formats.kind_of(None, f"a/b{ext.upper()}") == family.kind
+    assert formats.family_of("text/plain") is None
+    assert formats.kind_of("application/pdf", "x") == "pdf"
+    assert formats.kind_of(None, "notes.txt") == "other"

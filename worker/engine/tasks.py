@@ -125,7 +125,7 @@ class Registry:
     def __init__(self, builtin: tuple[str, ...] = ()) -> None:
         self._tasks: dict[str, Task] = {}
         self._builtin = builtin
-        self._builtin_lock = threading.Lock()
+        self._builtin_lock = threading.RLock()
         self._builtin_loaded = not builtin
 
     def _load_builtin(self) -> None:

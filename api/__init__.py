@@ -9,7 +9,7 @@ from flask import Blueprint, Flask
 from api.fastpath import ProgressFastPath
 from api.state import AppState
 from api.validation import MAX_BODY_BYTES
-from worker.config import Config
+from worker.engine.config import Config
 
 
 def create_app(

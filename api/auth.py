@@ -4,7 +4,7 @@ Admin routes need `Authorization: Bearer <THUMBQ_CRON_SECRET>` (Vercel Cron send
 `Bearer $CRON_SECRET`, which Config reads as a fallback). Without a configured secret they refuse
 with 503 `not_configured`: the server, not the caller, has to be fixed, and nothing is open.
 Reading routes (progress, failures, the gallery) also take a page token made from that secret
-(worker/signing.py: read-only, short-lived; the link `thumbq up` prints) and a Supabase user JWT
+(worker/app/signing.py: read-only, short-lived; the link `thumbq up` prints) and a Supabase user JWT
 (`aud` "authenticated", `exp` and `sub` required): signed with the project's asymmetric keys
 (ES256/RS256, published as JWKS at `$SUPABASE_URL/auth/v1/.well-known/jwks.json`, or
 THUMBQ_JWKS_URL), or with the legacy shared secret THUMBQ_JWT_SECRET (HS256). RLS then decides
@@ -25,8 +25,8 @@ from typing import Any
 from flask import request
 
 from api.errors import ApiError
-from worker.config import Config
-from worker.signing import is_page_token, page_token_expired
+from worker.app.signing import is_page_token, page_token_expired
+from worker.engine.config import Config
 
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="thumbq"'}
 JWT_AUDIENCE = "authenticated"

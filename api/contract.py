@@ -7,8 +7,8 @@ route's query, path or header parameters). The document is built from the app's 
 so a route cannot go undescribed, and the schemas are msgspec's JSON Schema of the models.
 
 The same models check requests: `read_body` refuses the fields a body's model does not have
-and the required ones it lacks (`worker.validation.check_fields`, whose sentences the API has
-always answered); what a field's value may be is checked by `worker.validation`, shared with
+and the required ones it lacks (`worker.app.validation.check_fields`, whose sentences the API has
+always answered); what a field's value may be is checked by `worker.app.validation`, shared with
 the CLI, from the constants the models' limits are written with.
 
 msgspec rather than pydantic: importing it and defining the models costs a few milliseconds of

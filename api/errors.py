@@ -13,11 +13,11 @@ import psycopg
 from flask import Response
 from werkzeug.exceptions import HTTPException
 
-from worker import jsonfmt
-from worker.errors import InvalidKey
-from worker.log import log_event
+from worker.app.validation import ValidationError
+from worker.engine import jsonfmt
+from worker.engine.errors import InvalidKey
+from worker.engine.log import log_event
 from worker.storage import StorageError
-from worker.validation import ValidationError
 
 if TYPE_CHECKING:
     from flask import Flask

@@ -1,9 +1,9 @@
 """The /api/jobs routes: jobs of any task (worker.tasks), the built-in `thumbnail` included.
 
-`POST /api/jobs` enqueues one job or `{"items": [...]}`; with `wait_ms`, one job runs here at
-once when it can (worker.interactive) and the answer is 200 with how it ended, or 202 with why it
-still waits. `GET /api/jobs/<id>` shows one; `POST /api/jobs/<id>/cancel` cancels one that waits
-or runs. Admin only, like the other routes that write or show single jobs.
+`POST /api/jobs` enqueues one job or `{"items": [...]}`; with `wait_ms`, one job runs here at once
+when it can (worker.engine.interactive) and the answer is 200 with how it ended, or 202 with why it
+still waits. `GET /api/jobs/<id>` shows one; `POST /api/jobs/<id>/cancel` cancels one that waits or
+runs. Admin only, like the other routes that write or show single jobs.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ from api.contract import (
 from api.errors import ApiError, json_response
 from api.signed import signer
 from api.thumbnails import SignedUrl, SignedUrls, state
-from worker import db
+from worker.app.jobs import SequenceConflict, view
+from worker.engine import db
 from worker.engine.states import JobStatus
-from worker.jobs import SequenceConflict, view
 
 bp = Blueprint("jobs", __name__)
 
@@ -223,7 +223,7 @@ _REASONS_DOC = (
 def job_run() -> type:
     """A job that ran (or could not) within `wait_ms`: its reasons as the engine names them
     (built on first use: the engine is not imported to serve other requests)."""
-    from worker.interactive import REASONS
+    from worker.engine.interactive import REASONS
 
     wait = msgspec.defstruct(
         "JobWait",
@@ -296,11 +296,11 @@ def enqueue() -> Response:
     require_admin(st.config)
     body = v.json_body()
     items, wait_ms = v.job_request(st.config, body)
-    from worker.jobs import enqueue as enqueue_jobs
+    from worker.app.jobs import submit
 
     try:
         with st.connection() as conn:
-            rows = enqueue_jobs(conn, st.storage(), st.config, items)
+            rows = submit(conn, st.storage(), st.config, items)
     except SequenceConflict as exc:
         raise ApiError(409, exc.code, exc.message) from None
     finally:
@@ -335,7 +335,7 @@ def _run_now(accepted: dict[str, Any], wait_ms: int) -> Response:
         }
         return json_response({**accepted, "wait": wait, "job": view(row, signer())}, 202)
     try:
-        from worker.interactive import run_job
+        from worker.engine.interactive import run_job
 
         with st.connection() as conn:
             run = run_job(
@@ -365,7 +365,7 @@ def _run_now(accepted: dict[str, Any], wait_ms: int) -> Response:
 
 
 def _row(conn: db.Conn, job_id: int) -> dict[str, Any]:
-    from worker.queue import Queue
+    from worker.engine.queue import Queue
 
     row = Queue(conn).job(job_id)
     if row is None:
@@ -418,7 +418,7 @@ def cancel(job_id: str) -> Response:
     require_admin(st.config)
     jid = v.job_id(job_id)
     read_body(Empty, optional=True)
-    from worker.jobs import cancel as cancel_job
+    from worker.app.jobs import cancel as cancel_job
 
     with st.connection() as conn:
         result = cancel_job(conn, jid)

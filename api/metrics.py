@@ -18,7 +18,7 @@ from api.auth import bearer_token, secret_matches
 from api.contract import ADMIN, ADMIN_ERRORS, Answer, Op, describe
 from api.errors import ApiError
 from api.thumbnails import state
-from worker import db
+from worker.engine import db
 
 bp = Blueprint("metrics", __name__)
 

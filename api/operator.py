@@ -36,7 +36,7 @@ from api.contract import (
 )
 from api.errors import bad_request, json_response
 from api.thumbnails import state
-from worker import db
+from worker.engine import db
 
 bp = Blueprint("operator", __name__)
 

@@ -12,8 +12,8 @@ from api.auth import require_admin
 from api.contract import ADMIN, ADMIN_ERRORS, Absent, Answer, Op, describe
 from api.errors import json_response
 from api.thumbnails import state
-from worker import db
-from worker.queue import Queue
+from worker.engine import db
+from worker.engine.queue import Queue
 
 bp = Blueprint("ops", __name__)
 

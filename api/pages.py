@@ -42,9 +42,9 @@ from api.contract import (
 from api.errors import ApiError, json_response
 from api.state import AppState
 from api.thumbnails import Job
-from worker import db
-from worker.errors import PERMANENT_CODES, InvalidKey
-from worker.signing import THUMBNAIL_URL_TTL_S, thumbnail_signature, thumbnail_signature_ok
+from worker.app.signing import THUMBNAIL_URL_TTL_S, thumbnail_signature, thumbnail_signature_ok
+from worker.engine import db
+from worker.engine.errors import PERMANENT_CODES, InvalidKey
 from worker.storage import NotFound
 
 bp = Blueprint("pages", __name__, static_folder="static", static_url_path="/progress/static")

@@ -1,5 +1,5 @@
 """GET /thumbnails/<key>: one thumbnail for a signed URL of a job answer (THUMBQ_SIGNED_URL_TTL_S,
-worker/urls.py), with no credentials: an <img> or a CDN cannot send the admin secret.
+worker/app/urls.py), with no credentials: an <img> or a CDN cannot send the admin secret.
 
 A URL whose signature does not match is refused with 403 `signature_invalid`, one past its
 expiry with 403 `url_expired`. Only keys under thumbnails/ with an image extension are served,
@@ -17,8 +17,8 @@ from msgspec import Struct
 from api.contract import Answer, Error, Op, describe, image
 from api.errors import ApiError
 from api.thumbnails import state
-from worker import urls
-from worker.errors import InvalidKey
+from worker.app import urls
+from worker.engine.errors import InvalidKey
 from worker.storage import NotFound
 
 bp = Blueprint("signed", __name__)

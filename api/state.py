@@ -18,14 +18,14 @@ from psycopg.rows import dict_row
 
 from api.auth import Authenticator
 from api.cache import TimedCache
-from worker import db
+from worker.engine import db
 
 if TYPE_CHECKING:
     from psycopg_pool import ConnectionPool
 
-    from worker.config import Config
-    from worker.render.process import RenderPool
+    from worker.engine.config import Config
     from worker.storage import Storage
+    from worker.thumbnails.render.process import RenderPool
 
 # Poolers and NAT gateways drop idle connections: one idle longer than this is pinged (an empty
 # query) before use, so a thawed serverless instance gets a live connection, not a 503.
@@ -88,11 +88,11 @@ class AppState:
             return self._problem
         with self._lock:
             if not self._problem_checked:
-                from worker.config import ConfigError, check_task_modules
+                from worker.engine.config import ConfigError, check_task_modules
 
                 problem = None
                 if not self.config.database_url:
-                    from worker.embedded import unavailable_reason
+                    from worker.local.embedded import unavailable_reason
 
                     problem = unavailable_reason(self.config.home)
                 if problem is None:
@@ -188,8 +188,8 @@ class AppState:
         """The render processes, started on the first batch and reused by later ones."""
         with self._lock:
             if self._render_pool is None:
-                from worker.batch import render_options
-                from worker.render.process import RenderPool
+                from worker.thumbnails.render.process import RenderPool
+                from worker.thumbnails.task import render_options
 
                 self._render_pool = RenderPool(
                     render_options(self.config),

@@ -55,7 +55,7 @@ from api.contract import (
 )
 from api.errors import ApiError
 from api.thumbnails import Progress, ProgressAnswer, group_not_found, read_progress, state
-from worker.log import log_event
+from worker.engine.log import log_event
 
 if TYPE_CHECKING:
     from api.state import AppState

@@ -39,16 +39,16 @@ from api.contract import (
 )
 from api.errors import ApiError, json_body, json_response
 from api.state import AppState
-from worker import db
-from worker.engine.states import JobStatus, StopReason
-from worker.progress import (
+from worker.engine import db
+from worker.engine.progress import (
     POLL_RUNNING_MS,
     POLL_SETTLED_MS,
     POLL_WAITING_MS,
     poll_after_ms,
     progress_body,
 )
-from worker.queue import Queue
+from worker.engine.queue import Queue
+from worker.engine.states import JobStatus, StopReason
 
 bp = Blueprint("thumbnails", __name__, url_prefix="/api/thumbnails")
 
@@ -214,7 +214,7 @@ _BATCH_COUNTS = {
 def batch_result() -> type:
     """The report of a batch, its counts as the engine keeps them (built on first use: the
     engine's modules are not imported to serve a progress request)."""
-    from worker.recording import COUNTS
+    from worker.engine.recording import COUNTS
 
     return msgspec.defstruct(
         "BatchResult",
@@ -554,7 +554,7 @@ def batch_generate() -> Response:
             {"Retry-After": str(BATCH_BUSY_RETRY_S)},
         )
     try:
-        from worker.batch import run_batch
+        from worker.engine.batch import run_batch
 
         with st.dedicated_connection() as conn:
             result = run_batch(
@@ -591,11 +591,11 @@ def enqueue() -> Response:
     st = state()
     require_admin(st.config)
     items = v.enqueue_items(v.json_body())
-    from worker.service import enqueue as enqueue_items
+    from worker.thumbnails.files import enqueue_keys
 
     try:
         with st.connection() as conn:
-            result = enqueue_items(conn, st.storage(), st.config, items)
+            result = enqueue_keys(conn, st.storage(), st.config, items)
     finally:
         st.progress_cache.forget()  # items may name several groups
     return json_response(result, 202)
@@ -618,7 +618,7 @@ def backfill() -> Response:
     body = read_body(BackfillRequest)
     prefix = v.key_prefix(body["prefix"])
     group_id = v.group_id(body["group_id"]) if body.get("group_id") is not None else "default"
-    from worker.service import backfill as backfill_prefix
+    from worker.thumbnails.files import backfill as backfill_prefix
 
     try:
         with st.connection() as conn:
@@ -695,7 +695,7 @@ def cleanup_stale() -> Response:
     st = state()
     require_admin(st.config)
     check_body(_cron_params(), Empty)
-    from worker.service import cleanup_stale as cleanup
+    from worker.thumbnails.files import cleanup_stale as cleanup
 
     with st.connection() as conn:
         result = cleanup(conn, st.config, storage=st.storage())

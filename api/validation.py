@@ -1,6 +1,6 @@
 """Request validation for the HTTP layer: the body as JSON, the query string and path ids.
 
-What a field may contain is decided in `worker.validation`, shared with the CLI (so that
+What a field may contain is decided in `worker.app.validation`, shared with the CLI (so that
 `thumbq run-batch --budget-ms -5` is refused as the API refuses `{"budget_ms": -5}`); its
 `ValidationError` is answered with 400 and its code (api/errors.py). The request body is at most
 2 MiB (the largest valid enqueue, 1 000 items with 1 024-byte keys, fits).
@@ -14,7 +14,7 @@ from typing import Any
 from flask import request
 
 from api.errors import ApiError, bad_request
-from worker.validation import (
+from worker.app.validation import (
     GROUP_ID_RE,
     MAX_CONTENT_TYPE_LENGTH,
     MAX_ETAG_LENGTH,

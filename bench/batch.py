@@ -29,15 +29,16 @@ from bench.corpus import (
     slow_pdf,
     small_jpeg,
 )
-from worker import db
-from worker.batch import render_options, run_batch, thumbnail_key
-from worker.config import Config
-from worker.queue import Queue
-from worker.render import render
-from worker.render.process import RenderPool
-from worker.samples import photo
-from worker.service import enqueue
+from worker.engine import db
+from worker.engine.batch import run_batch
+from worker.engine.config import Config
+from worker.engine.queue import Queue
+from worker.local.samples import photo
 from worker.storage import open_storage
+from worker.thumbnails.files import enqueue_keys
+from worker.thumbnails.render import render
+from worker.thumbnails.render.process import RenderPool
+from worker.thumbnails.task import render_options, thumbnail_key
 
 MIX = [
     ("slide.pdf", slide_pdf, "application/pdf"),
@@ -77,7 +78,7 @@ def fill(config: Config, conn: db.Conn, group: str, n: int, slow: bytes | None =
         key = f"{group}/{i:04d}-{name}"
         storage.put(key, blobs[name], ct)
         items.append({"source_key": key, "content_type": ct})
-    enqueue(conn, storage, config, items, group)
+    enqueue_keys(conn, storage, config, items, group)
     conn.execute("analyze thumbq.jobs")
 
 

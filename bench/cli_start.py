@@ -33,7 +33,9 @@ COMMANDS = (["--help"], ["status", "--help"], ["jobs", "enqueue", "--help"], ["-
 CHILD = """
 import contextlib, io, json, sys, time
 import argparse, threading, datetime, pathlib, importlib.metadata
-from worker import db, stopping, validation, config, queue, signing, terminal
+from worker.engine import db, stopping, config, queue
+from worker.app import validation, signing
+from worker.local import terminal
 c0 = time.process_time()
 import worker.cli
 try:

@@ -29,9 +29,9 @@ import psycopg
 from psycopg.conninfo import make_conninfo
 
 from bench.common import median, scratch_database, server_url, write_result
-from worker import db
-from worker.config import Config
-from worker.queue import Queue
+from worker.engine import db
+from worker.engine.config import Config
+from worker.engine.queue import Queue
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "coldstart-secret"
@@ -159,7 +159,7 @@ def main() -> None:
         pdf = small_pdf()
         with db.connect(url) as conn:
             # A group to read; cancelled so that the batches below find only their own job.
-            Queue(conn).enqueue([{"source_key": "seed.pdf", "etag": "0"}], "cold")
+            Queue(conn).enqueue_files([{"source_key": "seed.pdf", "etag": "0"}], "cold")
             Queue(conn).cancel("cold")
 
         # Interleaved, so that the floor and the app see the same load on a shared machine.
@@ -180,7 +180,7 @@ def main() -> None:
             key = f"cold/{i}.pdf"
             storage.put(key, pdf, "application/pdf")
             with db.connect(url) as conn:
-                Queue(conn).enqueue(
+                Queue(conn).enqueue_files(
                     [{"source_key": key, "etag": storage.head(key).etag}], "cold-batch"
                 )
             r = run_child(

@@ -15,9 +15,9 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import make_conninfo
 
-from worker import db
-from worker.render import Thumbnail
+from worker.engine import db
 from worker.storage import ObjectInfo
+from worker.thumbnails.render import Thumbnail
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -27,7 +27,7 @@ def server_url() -> str:
     for name in ("BENCH_DATABASE_URL", "TEST_DATABASE_URL", "DATABASE_URL"):
         if os.environ.get(name):
             return os.environ[name]
-    from worker.embedded import embedded_database_url
+    from worker.local.embedded import embedded_database_url
 
     return embedded_database_url(Path(".thumbq-bench").resolve())
 

@@ -22,8 +22,8 @@ from typing import Any
 from PIL import Image, ImageDraw, ImageFilter
 
 from bench.common import write_result
-from worker.render import RenderOptions, render
-from worker.render.output import attention_offset
+from worker.thumbnails.render import RenderOptions, render
+from worker.thumbnails.render.output import attention_offset
 
 ASPECTS = ((1500, 1000), (1600, 1200), (1920, 1080), (1000, 1500))
 SUBJECTS = ("face", "saturated", "textured")

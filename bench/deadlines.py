@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import median, p99, scratch_database, write_result
-from worker import db
+from worker.engine import db
 from worker.storage import BoundedStorage, ObjectInfo
 from worker.storage.file import FileStorage
 

@@ -4,7 +4,7 @@
 here) are enqueued as one group. Both ways run against a real app (create_app under waitress on
 loopback) and a real queue, each in a fresh database:
 
-- chained: `worker.scheduler.Scheduler` on the default `*/5 * * * *` cron, first tick at once,
+- chained: `worker.local.cron.CronScheduler` on the default `*/5 * * * *` cron, first tick at once,
   chaining calls while runs stop on `time_budget`/`max_items`. Measured on the wall clock from
   the first tick until every job is terminal.
 - one call per tick (the baseline): the same HTTP call, once per tick. The calls are real and
@@ -39,13 +39,13 @@ import psycopg
 from psycopg.conninfo import make_conninfo
 
 from bench.common import scratch_database, server_url, write_result
-from worker import db
-from worker.config import Config
-from worker.queue import Queue
-from worker.scheduler import BATCH_PATH, Scheduler, cron_trigger, post_json
-from worker.service import enqueue
-from worker.serving import ServerThread
+from worker.engine import db
+from worker.engine.config import Config
+from worker.engine.queue import Queue
+from worker.local.cron import BATCH_PATH, CronScheduler, cron_trigger, post_json
+from worker.local.server import ServerThread
 from worker.storage import Storage, open_storage
+from worker.thumbnails.files import enqueue_keys
 
 SECRET = "bench-drain-secret"
 GROUP = "drain-500"
@@ -146,9 +146,9 @@ def run_chained(config: Config, items: list[dict[str, Any]], storage: Storage) -
     app, server = _serve(config)
     try:
         with db.connect(url) as conn:
-            enqueue(conn, storage, config, items, GROUP)
+            enqueue_keys(conn, storage, config, items, GROUP)
             q = Queue(conn)
-            sched = Scheduler(config, api_url=server.url, trigger=cron_trigger(config.schedule))
+            sched = CronScheduler(config, api_url=server.url, trigger=cron_trigger(config.schedule))
             started = time.monotonic()
             sched.start(run_now=True)
             try:
@@ -185,7 +185,7 @@ def run_one_per_tick(
     reasons: Counter[str] = Counter()
     try:
         with db.connect(url) as conn:
-            enqueue(conn, storage, config, items, GROUP)
+            enqueue_keys(conn, storage, config, items, GROUP)
             q = Queue(conn)
             while (done := _settled(q)) is None:
                 t = time.monotonic()

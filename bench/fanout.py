@@ -17,10 +17,10 @@ import time
 from typing import Any
 
 from bench.common import NoopPool, NoopStorage, scratch_database, write_result
-from worker import db
-from worker.batch import run_batch
-from worker.config import Config
-from worker.queue import Queue
+from worker.engine import db
+from worker.engine.batch import run_batch
+from worker.engine.config import Config
+from worker.engine.queue import Queue
 
 CONCURRENCY = 2  # worker threads per invocation: the default on this 2-CPU machine
 
@@ -50,7 +50,7 @@ def measure(url: str, count: int, seconds: float, sleep_ms: float) -> dict[str, 
         n = int(count * CONCURRENCY * seconds * 1000 / sleep_ms * 1.5) + 100
         q = Queue(conn)
         for i in range(0, n, 1000):
-            q.enqueue(
+            q.enqueue_files(
                 [{"source_key": f"f/{j}.jpg", "etag": "e"} for j in range(i, min(n, i + 1000))],
                 "fanout",
             )

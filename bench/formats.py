@@ -52,15 +52,16 @@ from typing import Any
 from PIL import Image, ImageDraw
 
 from bench.common import scratch_database, write_result
-from worker import db
-from worker.batch import render_options, run_batch
-from worker.config import Config
-from worker.render import RenderOptions, render
-from worker.render.office import find_soffice
-from worker.render.output import encode
-from worker.render.process import RenderPool
-from worker.service import enqueue
+from worker.engine import db
+from worker.engine.batch import run_batch
+from worker.engine.config import Config
 from worker.storage import open_storage
+from worker.thumbnails.files import enqueue_keys
+from worker.thumbnails.render import RenderOptions, render
+from worker.thumbnails.render.office import find_soffice
+from worker.thumbnails.render.output import encode
+from worker.thumbnails.render.process import RenderPool
+from worker.thumbnails.task import render_options
 
 OPTS = RenderOptions()
 
@@ -246,7 +247,7 @@ def heic_12mp_grid() -> bytes:
 def bench_heic(runs: int) -> dict[str, Any]:
     import pillow_heif
 
-    from worker.render import image
+    from worker.thumbnails.render import image
 
     pillow_heif.register_heif_opener()
     out: dict[str, Any] = {}
@@ -563,7 +564,7 @@ def bench_pipeline(
                 key = f"{group}/{i:05d}-{name}"
                 storage.put(key, data, "")
                 batch.append({"source_key": key})
-            enqueue(conn, storage, config, batch, group)
+            enqueue_keys(conn, storage, config, batch, group)
             conn.execute("analyze thumbq.jobs")
             pool.start()
             children = {pid: _cpu_seconds(pid) for pid in pool.pids()}

@@ -17,10 +17,10 @@ import time
 from typing import Any
 
 from bench.common import NoopPool, NoopStorage, median, scratch_database, write_result
-from worker import db
-from worker.batch import run_batch
-from worker.config import Config
-from worker.queue import Queue
+from worker.engine import db
+from worker.engine.batch import run_batch
+from worker.engine.config import Config
+from worker.engine.queue import Queue
 
 ITEMS = 200
 
@@ -57,7 +57,7 @@ def one_round(url: str, config: Config, tag: str) -> dict[str, float]:
         q = Queue(conn)
         items = [{"source_key": f"{tag}/{i}.jpg", "etag": "e"} for i in range(ITEMS)]
         t = time.perf_counter()
-        q.enqueue(items, tag)
+        q.enqueue_files(items, tag)
         enqueue_ms = (time.perf_counter() - t) * 1000
         t = time.perf_counter()
         r = run_batch(config, conn, NoopStorage(), NoopPool())  # type: ignore[arg-type]

@@ -129,7 +129,7 @@ def enqueue_plan(
     conn: Any, storage: FileStorage, config: Any, plan: Sequence[Planned], group: str
 ) -> None:
     """Enqueue a plan, the items with their own max_attempts separately."""
-    from worker.service import enqueue
+    from worker.thumbnails.files import enqueue_keys
 
     for attempts in {p.max_attempts for p in plan}:
         cfg = config if attempts is None else config.with_(max_attempts=attempts)
@@ -138,7 +138,7 @@ def enqueue_plan(
             for p in plan
             if p.max_attempts == attempts
         ]
-        enqueue(conn, storage, cfg, items, group)
+        enqueue_keys(conn, storage, cfg, items, group)
 
 
 # -- memory -----------------------------------------------------------------------------------
@@ -228,10 +228,11 @@ def driver_env(db_url: str, marker_dir: Path, **settings: str | int) -> dict[str
 
 def _drive(args: argparse.Namespace) -> int:
     """Run batches until killed, or (`--until-drained`) until no job is pending or processing."""
-    from worker import db
-    from worker.batch import render_options, run_batch
-    from worker.config import Config
-    from worker.render.process import RenderPool
+    from worker.engine import db
+    from worker.engine.batch import run_batch
+    from worker.engine.config import Config
+    from worker.thumbnails.render.process import RenderPool
+    from worker.thumbnails.task import render_options
 
     config = Config.from_env()
     storage = LoggingStorage(args.storage_root, args.log_path, fsync=not args.no_fsync)
@@ -293,7 +294,7 @@ def thumbnails_match(conn: Any, storage: FileStorage) -> int:
     job row says. Returns how many were checked."""
     from PIL import Image
 
-    from worker.batch import thumbnail_key
+    from worker.thumbnails.task import thumbnail_key
 
     rows = conn.execute("select * from thumbq.jobs where status = 'completed'").fetchall()
     for job in rows:
@@ -313,8 +314,8 @@ def hostile_run(
     """A worker process drains `total` files, a third of them from the bad-input corpus (and
     `hogs` legal 8000x8000 RGBA PNGs that need about 256 MB each to decode), while the memory of
     it and its render processes is sampled. Returns the figures, with any wrong outcome."""
-    from worker import db
-    from worker.config import Config
+    from worker.engine import db
+    from worker.engine.config import Config
 
     root, log = work / "storage", work / "storage.log"
     marker = work / f"marker-{uuid.uuid4().hex}"

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import median, scratch_database, write_result
-from worker.config import Config
-from worker.serving import ServerThread
+from worker.engine.config import Config
+from worker.local.server import ServerThread
 from worker.storage import open_storage
 
 SECRET = "bench-interactive-secret-0123"

@@ -70,7 +70,7 @@ def _env(url: str, home: Path) -> dict[str, str]:
 
 
 def _config(url: str, home: Path) -> Any:
-    from worker.config import Config
+    from worker.engine.config import Config
 
     return Config.from_env(_env(url, home))
 
@@ -84,8 +84,8 @@ def _slide(seed: int) -> bytes:
 
 def fill(config: Any, files: int) -> None:
     """Write `files` images (a handful of distinct ones, copied) and enqueue them in GROUP."""
-    from worker import db
-    from worker.queue import Queue
+    from worker.engine import db
+    from worker.engine.queue import Queue
     from worker.storage import open_storage
 
     storage = open_storage(config)
@@ -105,7 +105,7 @@ def fill(config: Any, files: int) -> None:
     with db.connect(config.database_url) as conn:
         queue = Queue(conn)
         for start in range(0, len(items), 1000):
-            queue.enqueue(items[start : start + 1000], GROUP)
+            queue.enqueue_files(items[start : start + 1000], GROUP)
         conn.execute(
             "insert into thumbq.group_members select %s, 'u' || lpad(n::text, 3, '0')"
             " from generate_series(0, %s) n",
@@ -119,10 +119,11 @@ def fill(config: Any, files: int) -> None:
 
 def run_batches(url: str, home: Path, seconds: float) -> dict[str, Any]:
     """Call run_batch back to back for `seconds` (each run capped to what is left)."""
-    from worker import db
-    from worker.batch import render_options, run_batch
-    from worker.render.process import RenderPool
+    from worker.engine import db
+    from worker.engine.batch import run_batch
     from worker.storage import open_storage
+    from worker.thumbnails.render.process import RenderPool
+    from worker.thumbnails.task import render_options
 
     config = _config(url, home)
     storage = open_storage(config)

@@ -14,8 +14,8 @@ import argparse
 import json
 
 from bench.common import median, scratch_database, timed_ms, write_result
-from worker import db
-from worker.queue import Queue
+from worker.engine import db
+from worker.engine.queue import Queue
 
 
 def _step_ms(q: Queue, key: str) -> tuple[float, float]:

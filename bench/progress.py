@@ -35,8 +35,8 @@ from psycopg.conninfo import make_conninfo
 from api import create_app
 from api.errors import json_response
 from bench.common import median, p99, scratch_database, server_url, write_result
-from worker import db
-from worker.config import Config
+from worker.engine import db
+from worker.engine.config import Config
 
 SECRET = "bench-admin-secret"
 JWT_SECRET = "bench-jwt-secret-" + "x" * 32

@@ -49,10 +49,10 @@ from bench.common import (
     server_url,
     write_result,
 )
-from worker import db
-from worker.batch import run_batch
-from worker.config import Config
-from worker.queue import Queue
+from worker.engine import db
+from worker.engine.batch import run_batch
+from worker.engine.config import Config
+from worker.engine.queue import Queue
 
 BATCH = 50
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -111,7 +111,7 @@ def fill_thumbq(conn: db.Conn, n: int, tag: str) -> None:
     items = [{"source_key": f"{tag}/{i}.jpg", "etag": "e"} for i in range(n)]
     q = Queue(conn)
     for i in range(0, n, 1000):
-        q.enqueue(items[i : i + 1000], tag)
+        q.enqueue_files(items[i : i + 1000], tag)
 
 
 def fill_tasks(conn: db.Conn, n: int, tag: str) -> None:

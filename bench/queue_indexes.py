@@ -31,8 +31,8 @@ from typing import Any
 
 from bench.common import median, scratch_database, write_result
 from bench.queue import BATCH, backend_cpu_s, drain_queue, fill_thumbq
-from worker import db
-from worker.queue import Queue
+from worker.engine import db
+from worker.engine.queue import Queue
 
 
 def indexes(conn: db.Conn) -> dict[str, str]:

@@ -37,10 +37,10 @@ from PIL import Image
 
 from bench.common import write_result
 from bench.corpus import a4_pdf, jpeg_4000x3000, jpeg_8000x6000, slide_pdf, slow_pdf, small_jpeg
-from worker.errors import RENDER_TIMEOUT, ThumbqError
-from worker.render import RenderOptions, render
-from worker.render.image import encode
-from worker.render.process import RenderPool
+from worker.engine.errors import RENDER_TIMEOUT, ThumbqError
+from worker.thumbnails.render import RenderOptions, render
+from worker.thumbnails.render.image import encode
+from worker.thumbnails.render.process import RenderPool
 
 OPTS = RenderOptions()
 

@@ -56,7 +56,7 @@ from psycopg.conninfo import conninfo_to_dict
 from bench.common import scratch_database, write_result
 from bench.corpus import tiny_png
 from bench.soak_tasks import INVOCATION_ENV
-from worker import db
+from worker.engine import db
 from worker.engine.states import FINAL_STATUSES
 from worker.storage.file import FileStorage
 

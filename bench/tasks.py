@@ -38,12 +38,13 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import scratch_database, write_result
-from worker import db
-from worker.batch import render_options, run_batch
-from worker.config import Config
-from worker.queue import Queue
-from worker.render.process import RenderPool
+from worker.engine import db
+from worker.engine.batch import run_batch
+from worker.engine.config import Config
+from worker.engine.queue import Queue
 from worker.storage import open_storage
+from worker.thumbnails.render.process import RenderPool
+from worker.thumbnails.task import render_options
 
 ROOT = Path(__file__).resolve().parent.parent
 HANDLERS = "bench.task_handlers"

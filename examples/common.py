@@ -14,9 +14,9 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from worker import db
-from worker.config import Config
-from worker.queue import Queue
+from worker.engine import db
+from worker.engine.config import Config
+from worker.engine.queue import Queue
 from worker.storage import Storage, open_storage
 
 

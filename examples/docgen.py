@@ -264,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             server.serve_forever()
         return 0
     if args.command == "quota":
-        from worker import ratelimit
+        from worker.engine import ratelimit
 
         late_s = common.config().deadline_ms / 1000
         capacity, refill = bucket_for_quota(*args.quota, late_s=late_s)

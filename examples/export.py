@@ -52,8 +52,8 @@ from pathlib import Path
 from typing import Any
 
 from examples import common
-from worker import db
-from worker.queue import Queue
+from worker.engine import db
+from worker.engine.queue import Queue
 from worker.storage import Storage
 from worker.tasks import PermanentError, TaskContext, TransientError, task
 

@@ -1,4 +1,4 @@
--- Every query the Python code runs, by name. worker/db.py splits this file on the
+-- Every query the Python code runs, by name. worker/engine/db.py splits this file on the
 -- "-- name: x" headers. Placeholders are psycopg's %(name)s; nothing is ever formatted in.
 
 -- name: enqueue_batch

@@ -23,8 +23,8 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from tests.pgtools import PGMQ_EXTENSION_VERSIONS, PGMQ_SQL, SUPABASE_LIVE_VARS, install_pgmq
-from worker import db
-from worker.config import Config
+from worker.engine import db
+from worker.engine.config import Config
 
 pytest_plugins = ["tests.s3fixtures"]
 

@@ -13,8 +13,8 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from worker.config import Config
-from worker.serving import ServerThread
+from worker.engine.config import Config
+from worker.local.server import ServerThread
 from worker.storage import Storage
 
 

@@ -20,7 +20,7 @@ from typing import Any, TypeVar, cast
 
 import pytest
 
-from worker import db
+from worker.engine import db
 
 ROOT = Path(__file__).resolve().parent.parent
 PG15_BIN = Path("/usr/lib/postgresql/15/bin")

@@ -29,9 +29,9 @@ from api.contract import spec
 from tests import pgbouncer
 from tests.pgtools import require
 from tests.s3fixtures import free_port
-from worker import db
-from worker.config import Config
-from worker.queue import Queue
+from worker.engine import db
+from worker.engine.config import Config
+from worker.engine.queue import Queue
 
 SECRET = "s3cret-admin-token-for-tests"
 JWT_SECRET = "jwt-secret-for-tests-" + "x" * 48  # long enough for HS512 too
@@ -90,7 +90,7 @@ def bearer(token: str) -> dict[str, str]:
 
 def enqueue(conn: db.Conn, n: int, group: str, prefix: str = "k") -> None:
     items = [{"source_key": f"{prefix}/{i}.pdf", "etag": f"e{i}"} for i in range(n)]
-    Queue(conn).enqueue(items, group)
+    Queue(conn).enqueue_files(items, group)
 
 
 def job_count(conn: db.Conn) -> int:
@@ -301,8 +301,8 @@ def test_queues_and_healthz(client: FlaskClient, conn: db.Conn) -> None:
 def test_backfill_enqueues_every_file_lacking_a_thumbnail(
     client: FlaskClient, conn: db.Conn, api_config: Config
 ) -> None:
-    from worker.batch import thumbnail_key
     from worker.storage import open_storage
+    from worker.thumbnails.task import thumbnail_key
 
     storage = open_storage(api_config)
     for name in ("a.pdf", "b.pdf", "c.pdf"):

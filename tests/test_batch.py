@@ -13,14 +13,15 @@ from pathlib import Path
 import pytest
 
 from bench.corpus import CORPUS
-from worker import db
-from worker.batch import BatchResult, run_batch, thumbnail_key
-from worker.budget import size_class
-from worker.config import Config
-from worker.queue import Queue
-from worker.render.process import RenderPool
-from worker.service import backfill, enqueue
+from worker.engine import db
+from worker.engine.batch import BatchResult, run_batch
+from worker.engine.budget import size_class
+from worker.engine.config import Config
+from worker.engine.queue import Queue
 from worker.storage import Storage, open_storage
+from worker.thumbnails.files import backfill, enqueue_keys
+from worker.thumbnails.render.process import RenderPool
+from worker.thumbnails.task import thumbnail_key
 
 # Every test on the pgmq package's SQL and on the pgmq extension 1.4.4 and 1.5.1 (conftest).
 pytestmark = pytest.mark.pgmq_versions
@@ -31,7 +32,7 @@ MARGIN_MS = 600
 
 @pytest.fixture
 def pool(config: Config) -> Iterator[RenderPool]:
-    from worker.batch import render_options
+    from worker.thumbnails.task import render_options
 
     with RenderPool(render_options(config), config.concurrency, config.render_memory_mb) as p:
         yield p
@@ -72,7 +73,7 @@ def test_every_bad_input_ends_right_and_no_run_overruns(
         {"source_key": f"corpus/{n}", "content_type": s.declared_type} for n, s in samples.items()
     ]
     items.append({"source_key": "corpus/was-deleted.pdf"})
-    enqueue(conn, storage, config, items, "corpus")
+    enqueue_keys(conn, storage, config, items, "corpus")
 
     runs = drain(config, conn, storage, pool, "corpus")
 
@@ -114,7 +115,7 @@ def test_a_slow_item_cannot_make_the_invocation_overrun(tmp_path: Path, db_url: 
     storage.put("slow.pdf", CORPUS["slow_pdf"].data, "application/pdf")
     storage.put("quick.jpg", CORPUS["small_jpeg"].data, "image/jpeg")
     with db.connect(db_url) as conn:
-        enqueue(
+        enqueue_keys(
             conn, storage, config, [{"source_key": "slow.pdf"}, {"source_key": "quick.jpg"}], "g"
         )
         started = time.monotonic()
@@ -132,10 +133,10 @@ def test_a_slow_item_cannot_make_the_invocation_overrun(tmp_path: Path, db_url: 
 def test_running_again_does_no_work_twice(config: Config, conn: db.Conn, pool: RenderPool) -> None:
     storage = open_storage(config)
     storage.put("a.jpg", CORPUS["small_jpeg"].data, "image/jpeg")
-    enqueue(conn, storage, config, [{"source_key": "a.jpg"}], "g")
+    enqueue_keys(conn, storage, config, [{"source_key": "a.jpg"}], "g")
     first = run_batch(config, conn, storage, pool)
     assert (first.succeeded, first.stopped_reason) == (1, "drained")
-    again = enqueue(conn, storage, config, [{"source_key": "a.jpg"}], "g")
+    again = enqueue_keys(conn, storage, config, [{"source_key": "a.jpg"}], "g")
     assert again["enqueued"] == 0 and again["existing"] == 1
     second = run_batch(config, conn, storage, pool)
     assert (second.processed, second.stopped_reason) == (0, "drained")
@@ -146,7 +147,7 @@ def test_a_changed_object_is_rendered_in_its_new_version(
 ) -> None:
     storage = open_storage(config)
     storage.put("a.jpg", CORPUS["small_jpeg"].data, "image/jpeg")
-    enqueue(conn, storage, config, [{"source_key": "a.jpg"}], "g")
+    enqueue_keys(conn, storage, config, [{"source_key": "a.jpg"}], "g")
     time.sleep(0.01)
     storage.put("a.jpg", CORPUS["small_png"].data, "image/png")  # replaced after enqueue
     drain(config, conn, storage, pool, "g")
@@ -189,13 +190,13 @@ def test_claimed_work_that_does_not_fit_is_released_at_once(tmp_path: Path, db_u
     storage = open_storage(config)
     for i in range(n):
         storage.put(f"p/{i}.pdf", CORPUS["slide_pdf"].data, "application/pdf")
-    from worker.batch import render_options
+    from worker.thumbnails.task import render_options
 
     with (
         db.connect(db_url) as conn,
         RenderPool(render_options(config), 2, config.render_memory_mb) as pool,
     ):
-        enqueue(conn, storage, config, [{"source_key": f"p/{i}.pdf"} for i in range(n)], "g")
+        enqueue_keys(conn, storage, config, [{"source_key": f"p/{i}.pdf"} for i in range(n)], "g")
         result = run_batch(config, conn, storage, pool)
         p = Queue(conn).progress("g")
     assert result.stopped_reason == "time_budget"
@@ -305,7 +306,7 @@ def test_an_item_predicted_longer_than_any_window_still_gets_its_attempts(
             " values ('pdf', %s, 100, 60000, 60000)",
             [size_class(size)],
         )
-        enqueue(conn, storage, config, [{"source_key": "slow.pdf"}], "g")
+        enqueue_keys(conn, storage, config, [{"source_key": "slow.pdf"}], "g")
         result = run_batch(config, conn, storage)
         job = conn.execute("select status, error_code from thumbq.jobs").fetchone()
         stats = conn.execute("select ewma_ms from thumbq.render_stats").fetchone()

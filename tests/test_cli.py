@@ -21,7 +21,7 @@ import pytest
 
 from tests.clirun import one_line_error, schemas, thumbq, thumbq_running, user_env
 from tests.liveapp import call, jpeg, put_samples, wait_until
-from worker.config import Config
+from worker.engine.config import Config
 from worker.storage import open_storage
 
 ISO_8601 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")

@@ -16,11 +16,12 @@ import pytest
 from PIL import Image
 
 from tests.test_queue import group_rows, items, recount
-from worker import db, ratelimit
-from worker.batch import run_batch, thumbnail_key
-from worker.config import Config
-from worker.queue import ClaimedJob, Queue
+from worker.engine import db, ratelimit
+from worker.engine.batch import run_batch
+from worker.engine.config import Config
+from worker.engine.queue import ClaimedJob, Queue
 from worker.storage import open_storage
+from worker.thumbnails.task import thumbnail_key
 
 
 def run_threads(targets: list[Callable[[], None]], timeout_s: float = 120) -> list[BaseException]:
@@ -62,7 +63,7 @@ def test_cancel_of_a_large_group_while_three_invocations_claim_never_deadlocks(
     for round_ in range(4):
         group = f"big{round_}"
         with db.connect(db_url) as c:
-            Queue(c).enqueue(items(1000, prefix=group), group)
+            Queue(c).enqueue_files(items(1000, prefix=group), group)
         start = threading.Barrier(4)
         cancelled: list[int] = []
 
@@ -104,7 +105,7 @@ def test_concurrent_enqueues_of_a_cancelled_version_queue_it_once(db_url: str) -
     # twice at the same time.
     with db.connect(db_url) as c:
         q = Queue(c)
-        job_id = q.enqueue([{"source_key": "a.pdf", "etag": "v1"}], "g")[0]["job_id"]
+        job_id = q.enqueue_files([{"source_key": "a.pdf", "etag": "v1"}], "g")[0]["job_id"]
     for _ in range(15):
         with db.connect(db_url) as c:
             Queue(c).cancel("g")
@@ -113,7 +114,7 @@ def test_concurrent_enqueues_of_a_cancelled_version_queue_it_once(db_url: str) -
         def enqueuer(start: threading.Barrier = start) -> None:
             with db.connect(db_url) as c:
                 start.wait()
-                Queue(c).enqueue([{"source_key": "a.pdf", "etag": "v1"}], "g")
+                Queue(c).enqueue_files([{"source_key": "a.pdf", "etag": "v1"}], "g")
 
         assert run_threads([enqueuer] * 4) == []
         with db.connect(db_url) as c:
@@ -130,7 +131,7 @@ def test_claim_never_takes_a_job_whose_lease_is_live(conn: db.Conn) -> None:
     # Regression: claim updated `status in ('pending', 'processing')` with no lease check, so a
     # visible message made a second worker take a job the first was still rendering.
     q = Queue(conn)
-    q.enqueue(items(1), "g")
+    q.enqueue_files(items(1), "g")
     first = q.claim("first", 5, 60).jobs
     assert len(first) == 1
     conn.execute("select pgmq.set_vt('thumbq_jobs', %s, 0)", [first[0].msg_id])
@@ -144,7 +145,7 @@ def test_claim_never_takes_a_job_whose_lease_is_live(conn: db.Conn) -> None:
 
 def test_only_the_lease_holder_reports(conn: db.Conn) -> None:
     q = Queue(conn)
-    q.enqueue(items(1), "g")
+    q.enqueue_files(items(1), "g")
     job = q.claim("holder", 1, 60).jobs[0]
     stranger = ClaimedJob(**{**job.__dict__})
     assert q.fail("stranger", stranger, "storage_error", "x", permanent=False)["owned"] is False
@@ -157,8 +158,8 @@ def test_a_slow_claim_does_not_hold_the_bucket_for_other_claims(db_url: str) -> 
     # Regression: claim took its tokens in its own transaction, so the bucket row stayed locked
     # until the claim committed and every concurrent claim queued behind it.
     with db.connect(db_url) as c:
-        Queue(c).enqueue(items(5, prefix="x"), "x")
-        Queue(c).enqueue(items(5, prefix="y"), "y")
+        Queue(c).enqueue_files(items(5, prefix="x"), "x")
+        Queue(c).enqueue_files(items(5, prefix="y"), "y")
     blocker = db.connect(db_url)
     blocker.execute("begin")
     # Something else holds group x's summary row (a long cancel, an operator): A's claim of x's
@@ -193,7 +194,7 @@ def test_a_slow_claim_does_not_hold_the_bucket_for_other_claims(db_url: str) -> 
 
 def test_claims_never_take_more_tokens_than_the_bucket_holds(db_url: str) -> None:
     with db.connect(db_url) as c:
-        Queue(c).enqueue(items(600), "g")
+        Queue(c).enqueue_files(items(600), "g")
         ratelimit.set_limit(c, "thumbnail_generation", capacity=40, refill_per_second=50)
     claimed: list[int] = []
     lock = threading.Lock()
@@ -290,12 +291,12 @@ def test_soak_of_every_transition_at_once_keeps_every_invariant(
                 g = rnd.choice("abc")
                 if op == "enqueue":
                     picked = rnd.sample(range(40), rnd.randint(1, 6))
-                    q.enqueue(
+                    q.enqueue_files(
                         [{"source_key": f"soak/{g}/{i:03d}.png", "etag": "v1"} for i in picked], g
                     )
                 elif op == "supersede":
                     i = rnd.randrange(40)
-                    q.enqueue(
+                    q.enqueue_files(
                         [{"source_key": f"soak/{g}/{i:03d}.png", "etag": f"s{rnd.randint(1, 3)}"}],
                         g,
                     )
@@ -410,16 +411,16 @@ def test_soak_of_every_transition_at_once_keeps_every_invariant(
 def test_retention_prunes_old_history_in_chunks_and_keeps_every_answer(
     config: Config, conn: db.Conn
 ) -> None:
-    from worker.service import cleanup_stale
+    from worker.thumbnails.files import cleanup_stale
 
     q = Queue(conn)
-    q.enqueue(items(30, prefix="old"), "g")
-    q.enqueue(items(5, prefix="new"), "g")
+    q.enqueue_files(items(30, prefix="old"), "g")
+    q.enqueue_files(items(5, prefix="new"), "g")
     jobs = q.claim("w", 35, 60).jobs
     old = [j for j in jobs if j.source_key.startswith("old/")]
     q.complete("w", [{"job_id": j.id, "msg_id": j.msg_id} for j in jobs[:-1]])
     q.fail("w", jobs[-1], "storage_error", "x", permanent=False)
-    q.enqueue(items(3, prefix="waiting"), "g")
+    q.enqueue_files(items(3, prefix="waiting"), "g")
     for _ in range(3):
         run = db.one(
             conn,
@@ -474,7 +475,7 @@ def test_a_completion_batch_is_not_held_up_by_one_locked_job_and_records_it_too(
     # and the completion was dropped for good (the job ran again after its lease, and used a
     # second attempt). Now the rest is recorded at once and the held one as soon as it is free.
     q = Queue(conn)
-    q.enqueue(items(3), "g")
+    q.enqueue_files(items(3), "g")
     jobs = q.claim("w", 3, 60).jobs
     with db.connect(db_url) as other, db.connect(db_url) as watcher:
         other.execute("begin")

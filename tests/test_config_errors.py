@@ -16,7 +16,7 @@ import pytest
 from tests.clirun import one_line_error, schemas, thumbq, thumbq_running, user_env
 from tests.liveapp import call, live_app
 from tests.pgbouncer import free_port
-from worker.config import Config
+from worker.engine.config import Config
 
 SECRET = "config-errors-secret-0123456789"
 

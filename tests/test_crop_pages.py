@@ -13,16 +13,16 @@ from PIL import Image, ImageDraw, ImageFilter
 from tests import test_progress_page
 from tests.liveapp import call
 from tests.pgtools import require
-from worker import db
-from worker.batch import render_options, run_batch
-from worker.config import Config, ConfigError
-from worker.execution import thumbnail_key
-from worker.queue import Queue
-from worker.render import RenderOptions, render
-from worker.render.process import RenderPool
-from worker.service import enqueue
-from worker.serving import ServerThread
+from worker.engine import db
+from worker.engine.batch import run_batch
+from worker.engine.config import Config, ConfigError
+from worker.engine.queue import Queue
+from worker.local.server import ServerThread
 from worker.storage import open_storage
+from worker.thumbnails.files import enqueue_keys
+from worker.thumbnails.render import RenderOptions, render
+from worker.thumbnails.render.process import RenderPool
+from worker.thumbnails.task import render_options, thumbnail_key
 
 # The progress page's tests' headless Chromium, as a fixture of this module.
 chromium = test_progress_page.browser
@@ -219,7 +219,7 @@ def _run(config: Config, db_url: str, files: dict[str, bytes]) -> dict[str, dict
         db.connect(db_url) as conn,
         RenderPool(render_options(config), 1, config.render_memory_mb) as pool,
     ):
-        enqueue(conn, storage, config, [{"source_key": k} for k in files], "docs")
+        enqueue_keys(conn, storage, config, [{"source_key": k} for k in files], "docs")
         for _ in range(5):
             run_batch(config, conn, storage, pool)
             p = Queue(conn).progress("docs") or {}
@@ -306,7 +306,7 @@ def test_one_page_is_the_default_and_keeps_todays_keys(tmp_path: Path, db_url: s
 
 def test_a_decks_slides_through_libreoffice_are_its_pages() -> None:
     from tests import formats_corpus as fc
-    from worker.render.office import find_soffice
+    from worker.thumbnails.render.office import find_soffice
 
     soffice = find_soffice()
     require(soffice is not None, "LibreOffice (soffice) is not installed")

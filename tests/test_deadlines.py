@@ -25,10 +25,10 @@ from bench.corpus import photo_jpeg, tiny_png, vector_pdf
 from tests.faultproxy import FaultProxy, Request
 from tests.liveapp import call, live_app, wait_until
 from tests.pgtools import make_retries_due
-from worker import db
-from worker.batch import run_batch
-from worker.config import Config
-from worker.queue import Queue
+from worker.engine import db
+from worker.engine.batch import run_batch
+from worker.engine.config import Config
+from worker.engine.queue import Queue
 from worker.storage import ObjectInfo
 from worker.storage.file import FileStorage
 
@@ -131,7 +131,7 @@ def test_a_stalled_or_dripping_s3_get_costs_the_item_and_the_batch_still_answers
     finish_run failed)."""
     storage_url, moto_url = s3_storage_url
     items = _s3_sources(moto_url, storage_url.removeprefix("s3://"), 6)
-    Queue(conn).enqueue(items, GROUP)
+    Queue(conn).enqueue_files(items, GROUP)
     with FaultProxy(moto_url, fault_rate=1.0, only=_source_gets, **fault) as proxy:
         cfg = _config(config, storage_url=storage_url, s3_endpoint_url=proxy.url)
         with live_app(cfg) as srv:
@@ -190,7 +190,7 @@ def test_a_hung_file_storage_read_costs_the_item_not_the_invocation(
         key = f"{'stall' if i < 2 else 'ok'}/{i}.png"
         info = storage.put(key, tiny_png(i, (320, 240)), "image/png")
         items.append({"source_key": key, "etag": info.etag})
-    Queue(conn).enqueue(items, GROUP)
+    Queue(conn).enqueue_files(items, GROUP)
     cfg = _config(config, storage_url=storage.url, concurrency=1)
     try:
         started = time.monotonic()
@@ -287,7 +287,7 @@ def test_a_slow_database_connection_counts_in_the_budget_of_the_http_batch(
     for i in range(300):  # more than one window renders
         info = storage.put(f"screens/{i:03d}.png", screen, "image/png")
         items.append({"source_key": f"screens/{i:03d}.png", "etag": info.etag})
-    Queue(conn).enqueue(items, GROUP)
+    Queue(conn).enqueue_files(items, GROUP)
     proxy = SlowConnects(config.database_url or "", 1.2)
     try:
         cfg = _config(config, storage_url=storage.url, database_url=proxy.url)
@@ -313,7 +313,7 @@ def test_a_claim_waiting_on_a_locked_bucket_row_ends_at_the_deadline_with_a_200(
     left uncommitted in psql). Before: the claim waited for it until the watchdog cut the
     connection at the end of the budget, and the endpoint answered 503."""
     storage = FileStorage(tmp_path / "files", fsync=False)
-    Queue(conn).enqueue(_photos(storage, 8), GROUP)
+    Queue(conn).enqueue_files(_photos(storage, 8), GROUP)
     cfg = _config(config, storage_url=storage.url)
     with live_app(cfg) as srv, db.connect(db_url) as operator:
         with operator.transaction():
@@ -348,7 +348,7 @@ def test_a_job_row_locked_mid_run_costs_its_completion_not_the_answer(
     # About 1 s to render: long enough to lock its row while it renders.
     info = storage.put("slow.pdf", vector_pdf(0, draws=600), "application/pdf")
     items = [{"source_key": "slow.pdf", "etag": info.etag}, *_photos(storage, 5)]
-    Queue(conn).enqueue(items, GROUP)
+    Queue(conn).enqueue_files(items, GROUP)
     cfg = _config(config, storage_url=storage.url, concurrency=2)
     answer: dict[str, Any] = {}
     with live_app(cfg) as srv, db.connect(db_url) as operator:

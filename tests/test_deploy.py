@@ -21,7 +21,7 @@ import pytest
 
 from tests.liveapp import call, put_samples, wait_listening
 from tests.pgbouncer import free_port
-from worker.config import Config
+from worker.engine.config import Config
 from worker.storage import open_storage
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,13 +9,13 @@ import re
 from pathlib import Path
 
 from worker.cli import build_parser
-from worker.config import Config
+from worker.engine.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
-# A file of the repository named in prose or a comment: `worker/batch.py`, sql/001_schema.sql.
+# A file of the repository named in prose or a comment: `worker/engine/batch.py`, sql/retired.sql.
 FILE_NAMED = re.compile(
     r"(?<![\w/.-])((?:api|bench|docs|examples|sql|supabase|tests|worker)/[\w/.-]*"
     r"\.(?:css|html|js|json|md|png|py|sql|toml))\b"
@@ -77,7 +77,7 @@ def test_the_readme_is_what_a_user_needs_first_and_the_reference_lives_in_docs()
 
 def test_the_readme_lists_every_setting_thumbq_reads() -> None:
     source = inspect.getsource(Config.from_env) + inspect.getsource(
-        __import__("worker.config", fromlist=["x"])
+        __import__("worker.engine.config", fromlist=["x"])
     )
     names = set(re.findall(r'"((?:THUMBQ|SUPABASE|AWS)_[A-Z_]+|DATABASE_URL|CRON_SECRET)"', source))
     table = README.read_text(encoding="utf-8").split("## Configuration", 1)[1]

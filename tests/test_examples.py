@@ -20,13 +20,14 @@ import pytest
 
 from examples import docgen, export, segments
 from tests.httpstub import HttpStub, Request
-from worker import db, ratelimit
-from worker.batch import render_options, run_batch
-from worker.config import Config
-from worker.queue import Queue
-from worker.render.process import RenderPool
+from worker.engine import db, ratelimit
+from worker.engine.batch import run_batch
+from worker.engine.config import Config
+from worker.engine.queue import Queue
 from worker.storage import open_storage
 from worker.tasks import PermanentError
+from worker.thumbnails.render.process import RenderPool
+from worker.thumbnails.task import render_options
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,10 +35,11 @@ ROOT = Path(__file__).resolve().parent.parent
 # keeps one), until no job of the database waits or runs, or `EXAMPLE_LOOP_S` has passed.
 LOOP = """
 import os, time
-from worker import db
-from worker.batch import render_options, run_batch
-from worker.config import Config
-from worker.render.process import RenderPool
+from worker.engine import db
+from worker.engine.batch import run_batch
+from worker.thumbnails.task import render_options
+from worker.engine.config import Config
+from worker.thumbnails.render.process import RenderPool
 from worker.storage import open_storage
 
 config = Config.from_env()

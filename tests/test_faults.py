@@ -45,12 +45,12 @@ from bench.harness import (
 from tests.faultkit import overlapping, processes_with, put_counts, read_log, renders
 from tests.liveapp import call, live_app
 from tests.pgtools import require
-from worker import db
-from worker.batch import VT_MARGIN_S, run_batch
-from worker.config import Config
-from worker.render.process import RenderPool
-from worker.service import backfill, enqueue
+from worker.engine import db
+from worker.engine.batch import VT_MARGIN_S, run_batch
+from worker.engine.config import Config
 from worker.storage.file import TEMP_PREFIX, FileStorage
+from worker.thumbnails.files import backfill, enqueue_keys
+from worker.thumbnails.render.process import RenderPool
 
 BUDGET_MS = 3000
 BUFFER_MS = 1000
@@ -159,7 +159,7 @@ def test_a_worker_killed_anywhere_loses_nothing_and_no_file_is_rendered_twice_at
         items.append({"source_key": key, "content_type": ctype})
     config = make_config(tmp_path, db_url)
     with db.connect(db_url) as conn:
-        enqueue(conn, storage, config, items, "crash")
+        enqueue_keys(conn, storage, config, items, "crash")
 
     env = driver_env(
         db_url, marker, budget_ms=BUDGET_MS, buffer_ms=BUFFER_MS, batch_size=12, concurrency=1
@@ -296,7 +296,7 @@ def test_writes_killed_mid_way_leave_no_temporary_file_after_cleanup_stale(
         items.append({"source_key": f"pics/{i:02d}.png", "content_type": "image/png"})
     config = make_config(tmp_path, db_url, THUMBQ_BUDGET_MS="8000", THUMBQ_BUFFER_MS="2000")
     with db.connect(db_url) as conn:
-        enqueue(conn, storage, config, items, "killed-writes")
+        enqueue_keys(conn, storage, config, items, "killed-writes")
     # Two items an invocation, so that each new one finds work while the killed ones' leases run.
     env = driver_env(db_url, marker, budget_ms=8000, buffer_ms=2000, concurrency=2, batch_size=2)
     argv = driver_command(root, log, until_drained=True)
@@ -420,8 +420,8 @@ def test_four_concurrent_invocations_render_each_file_exactly_once(
         items.append({"source_key": f"tiny/{i:04d}.png", "content_type": "image/png"})
     config = make_config(tmp_path, db_url)
     with db.connect(db_url) as conn:
-        enqueue(conn, storage, config, items[: n_files // 2], "left")
-        enqueue(conn, storage, config, items[n_files // 2 :], "right")
+        enqueue_keys(conn, storage, config, items[: n_files // 2], "left")
+        enqueue_keys(conn, storage, config, items[n_files // 2 :], "right")
     env = driver_env(db_url, marker, budget_ms=2000, buffer_ms=500, batch_size=25, concurrency=1)
     argv = driver_command(root, log, until_drained=True, fsync=False)
     started = time.time()
@@ -590,13 +590,13 @@ def test_a_terminated_or_stalled_backend_ends_the_invocation_in_time_and_nothing
     for i in range(n_files):
         storage.put(f"deck/{i:02d}.pdf", vector_pdf(i, draws=150), "application/pdf")
         items.append({"source_key": f"deck/{i:02d}.pdf", "content_type": "application/pdf"})
-    from worker.batch import render_options
+    from worker.thumbnails.task import render_options
 
     with (
         db.connect(db_url) as admin,
         RenderPool(render_options(config), 2, config.render_memory_mb) as pool,
     ):
-        enqueue(admin, storage, config, items, "deck")
+        enqueue_keys(admin, storage, config, items, "deck")
         faults = [invocation_with_fault(config, db_url, storage, pool, "terminate")]
         # Stopping a backend needs the server on this machine (and the right to signal it).
         if local_backend(admin):
@@ -657,7 +657,7 @@ def test_a_stalled_database_answers_503_within_the_budget_and_frees_the_batch_lo
         items.append({"source_key": f"deck/{i:02d}.pdf"})
     with db.connect(db_url) as admin:
         require(local_backend(admin), "the database server is not a local process we may signal")
-        enqueue(admin, storage, config, items, "http")
+        enqueue_keys(admin, storage, config, items, "http")
         with live_app(config, db_timeout_s=1.0) as srv:
             url = f"{srv.url}/api/thumbnails/batch-generate"
             answer: dict[str, Any] = {}
@@ -732,7 +732,7 @@ def test_with_the_database_stopped_the_endpoints_answer_503_and_the_work_waits(
             storage.put(f"p/{i}.png", tiny_png(i, (400, 300)), "image/png")
             items.append({"source_key": f"p/{i}.png"})
         with db.connect(url) as conn:
-            enqueue(conn, storage, config, items, "outage")
+            enqueue_keys(conn, storage, config, items, "outage")
 
         with live_app(config, db_timeout_s=1.0) as srv:
             base = f"{srv.url}/api/thumbnails"

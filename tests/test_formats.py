@@ -33,18 +33,25 @@ from tests import formats_corpus as fc
 from tests.httpstub import HttpStub
 from tests.pgtools import require, requires
 from tests.test_progress_page import browser  # noqa: F401  (a fixture: headless chromium)
-from worker import db, ratelimit
-from worker.batch import run_batch, thumbnail_key
-from worker.config import Config, ConfigError
-from worker.errors import CORRUPT_INPUT, RENDER_TIMEOUT, TOO_LARGE, UNSUPPORTED_TYPE, ThumbqError
-from worker.queue import Queue
-from worker.render import RenderOptions, Thumbnail, heif, image, render
-from worker.render.office import OfficeConverter, find_soffice
-from worker.render.output import dominant_color, thumbhash
-from worker.render.process import RenderPool
-from worker.render.sniff import HEIC
-from worker.service import enqueue
+from worker.engine import db, ratelimit
+from worker.engine.batch import run_batch
+from worker.engine.config import Config, ConfigError
+from worker.engine.errors import (
+    CORRUPT_INPUT,
+    RENDER_TIMEOUT,
+    TOO_LARGE,
+    UNSUPPORTED_TYPE,
+    ThumbqError,
+)
+from worker.engine.queue import Queue
 from worker.storage import open_storage
+from worker.thumbnails.files import enqueue_keys
+from worker.thumbnails.render import RenderOptions, Thumbnail, heif, image, render
+from worker.thumbnails.render.office import OfficeConverter, find_soffice
+from worker.thumbnails.render.output import dominant_color, thumbhash
+from worker.thumbnails.render.process import RenderPool
+from worker.thumbnails.render.sniff import HEIC
+from worker.thumbnails.task import thumbnail_key
 
 SOFFICE = find_soffice()
 NO_SOFFICE = (
@@ -628,7 +635,7 @@ def test_every_format_and_hostile_file_ends_right_through_a_batch(
     expected["image_heavy_pdf"] = ("completed", None)
     items = [{"source_key": f"formats/{name}"} for name in expected]
     with db.connect(db_url) as conn:
-        enqueue(conn, storage, config, items, "formats")
+        enqueue_keys(conn, storage, config, items, "formats")
         runs = []
         for _ in range(6):
             runs.append(run_batch(config, conn, storage, pool))
@@ -706,9 +713,28 @@ def test_a_budget_bound_invocation_of_small_files_uses_its_whole_work_window(
         # The window, not the default bucket (1 000 + 100/s, which a run of tiny files at over
         # 300 a second can reach), is what this test measures.
         ratelimit.set_limit(conn, "thumbnail_generation", capacity=1e9, refill_per_second=1e9)
-        enqueue(conn, storage, config, items, "small")
+        enqueue_keys(conn, storage, config, items, "small")
         with RenderPool(RenderOptions(), 2, MEMORY_MB) as small_pool:
             small_pool.render(tiny_png(0), None, timeout_s=10)  # warm
             result = run_batch(config, conn, storage, small_pool)
     assert result.stopped_reason == "time_budget", result
     assert result.duration_ms >= 0.9 * config.deadline_ms, result
+
+
+def test_each_format_is_rendered_by_one_family_of_the_registry() -> None:
+    # The format registry (worker/thumbnails/render/formats.py) is the one list: a sniffed type
+    # belongs to at most one family, and a file named like a family's files is predicted as its
+    # kind before its bytes are read (the extension sets once lived apart, in the budget module).
+    from worker.thumbnails.render import formats
+
+    seen: dict[str, str] = {}
+    for family in formats.FAMILIES:
+        for t in family.types:
+            assert t not in seen, (t, seen[t], family.kind)
+            seen[t] = family.kind
+            assert formats.family_of(t) is family
+        for ext in family.extensions:
+            assert formats.kind_of(None, f"a/b{ext.upper()}") == family.kind
+    assert formats.family_of("text/plain") is None
+    assert formats.kind_of("application/pdf", "x") == "pdf"
+    assert formats.kind_of(None, "notes.txt") == "other"

@@ -31,24 +31,24 @@ from tests import archive_corpus as ac
 from tests import formats_corpus as fc
 from tests.httpstub import HttpStub
 from tests.pgtools import requires
-from worker import db
-from worker.batch import run_batch
-from worker.config import Config
-from worker.errors import (
+from worker.engine import db
+from worker.engine.batch import run_batch
+from worker.engine.config import Config
+from worker.engine.errors import (
     CORRUPT_INPUT,
     ENCRYPTED_INPUT,
     TOO_LARGE,
     UNSUPPORTED_TYPE,
     ThumbqError,
 )
-from worker.queue import Queue
-from worker.render import RenderOptions, render
-from worker.render.office import OfficeConverter, _soffice_groups, find_soffice
-from worker.render.office_text import document_lines
-from worker.render.process import RenderPool
-from worker.render.sniff import CUR, DOC, ICO, ODG, OLE2, PPT, RTF, XLS, sniff
-from worker.service import enqueue
+from worker.engine.queue import Queue
 from worker.storage import open_storage
+from worker.thumbnails.files import enqueue_keys
+from worker.thumbnails.render import RenderOptions, render
+from worker.thumbnails.render.office import OfficeConverter, _soffice_groups, find_soffice
+from worker.thumbnails.render.office_text import document_lines
+from worker.thumbnails.render.process import RenderPool
+from worker.thumbnails.render.sniff import CUR, DOC, ICO, ODG, OLE2, PPT, RTF, XLS, sniff
 
 SOFFICE = find_soffice()
 NO_SOFFICE = "LibreOffice (soffice) is not installed: apt-get install libreoffice-writer"
@@ -480,7 +480,9 @@ def test_every_new_format_ends_with_thumbnails_through_a_batch(
     storage.put("archive/ole2_message", ac.ole2_file({"__substg1.0_0037001F": b"x"}), None)
     expected["ole2_message"] = ("unsupported", UNSUPPORTED_TYPE)
     with db.connect(db_url) as conn:
-        enqueue(conn, storage, config, [{"source_key": f"archive/{n}"} for n in expected], "arc")
+        enqueue_keys(
+            conn, storage, config, [{"source_key": f"archive/{n}"} for n in expected], "arc"
+        )
         for _ in range(6):
             run_batch(config, conn, storage, pool)
             progress = Queue(conn).progress("arc")

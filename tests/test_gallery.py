@@ -23,12 +23,13 @@ from flask.testing import FlaskClient
 
 from api import create_app
 from tests.liveapp import put_samples
-from worker import db
-from worker.batch import render_options, run_batch
-from worker.config import Config
-from worker.service import enqueue
-from worker.signing import page_token, thumbnail_signature
+from worker.app.signing import page_token, thumbnail_signature
+from worker.engine import db
+from worker.engine.batch import run_batch
+from worker.engine.config import Config
 from worker.storage import open_storage
+from worker.thumbnails.files import enqueue_keys
+from worker.thumbnails.task import render_options
 
 SECRET = "gallery-admin-secret-0123456789"
 JWT_SECRET = "gallery-jwt-secret-" + "x" * 40
@@ -36,10 +37,10 @@ ADMIN = {"Authorization": f"Bearer {SECRET}"}
 
 
 def _finish(config: Config, conn: db.Conn, group: str, good: int, broken: int = 0) -> None:
-    from worker.render.process import RenderPool
+    from worker.thumbnails.render.process import RenderPool
 
     storage = open_storage(config)
-    enqueue(conn, storage, config, put_samples(storage, f"{group}/", good, broken), group)
+    enqueue_keys(conn, storage, config, put_samples(storage, f"{group}/", good, broken), group)
     with RenderPool(render_options(config), 2, config.render_memory_mb) as pool:
         while run_batch(config, conn, storage, pool).stopped_reason != "drained":
             pass

@@ -24,11 +24,11 @@ from api import create_app
 from api.contract import spec
 from tests.liveapp import call, jpeg, live_app, wait_until
 from tests.test_api import ADMIN, JWT_SECRET, SECRET, assert_error, bearer, job_count, user_token
-from worker import db
-from worker.batch import run_batch
-from worker.config import Config
-from worker.queue import Queue
-from worker.signing import page_token
+from worker.app.signing import page_token
+from worker.engine import db
+from worker.engine.batch import run_batch
+from worker.engine.config import Config
+from worker.engine.queue import Queue
 from worker.storage import open_storage
 
 TASKS = ("tests.tasks_fixture", "tests.jobs_fixture")

@@ -11,7 +11,7 @@ from typing import Any
 from tests.clirun import thumbq, thumbq_running
 from tests.liveapp import jpeg, wait_until
 from tests.test_cli import _api_error, _home_env, one_line_error
-from worker.config import Config
+from worker.engine.config import Config
 from worker.storage import open_storage
 
 SECRET = "parity-secret-0123456789"

@@ -27,9 +27,9 @@ from flask.testing import FlaskClient
 from api import create_app
 from tests.httpstub import Answer, HttpStub, Request
 from tests.liveapp import call, live_app
-from worker import db
-from worker.config import Config
-from worker.queue import Queue
+from worker.engine import db
+from worker.engine.config import Config
+from worker.engine.queue import Queue
 
 JWKS_PATH = "/auth/v1/.well-known/jwks.json"
 URL = "/api/thumbnails/progress?group_id=alices-group"
@@ -101,7 +101,7 @@ def jwks() -> Iterator[JwksServer]:
 
 @pytest.fixture
 def alices_group(conn: db.Conn) -> None:
-    Queue(conn).enqueue(
+    Queue(conn).enqueue_files(
         [{"source_key": f"a/{i}.pdf", "etag": "e"} for i in range(2)], "alices-group"
     )
     conn.execute("insert into thumbq.group_members values ('alices-group', 'alice')")
@@ -347,7 +347,7 @@ def test_a_jwks_verified_users_polls_are_answered_before_flask_over_http(
 
 
 def test_the_jwks_location_comes_from_supabase_url_or_thumbq_jwks_url(tmp_path: Any) -> None:
-    from worker.config import ConfigError
+    from worker.engine.config import ConfigError
 
     home = {"THUMBQ_HOME": str(tmp_path)}
     derived = Config.from_env(home | {"SUPABASE_URL": "https://ref.supabase.co/"})

@@ -24,10 +24,10 @@ from packaging.requirements import Requirement
 from bench.corpus import a4_pdf, small_jpeg
 from tests import formats_corpus as fc
 from tests.clirun import thumbq, user_env
-from worker.config import Config
-from worker.jobs import TERMINAL
-from worker.render import heif
+from worker.engine.config import Config
+from worker.engine.states import FINAL_STATUSES
 from worker.storage import open_storage
+from worker.thumbnails.render import heif
 
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -125,7 +125,7 @@ def _run(tmp_path: Path, db_url: str, blocked: str, files: dict[str, bytes]) -> 
     for _ in range(5):  # a batch stops at its budget; on a loaded machine one may not do all
         _ok(thumbq("run-batch", env=env))
         jobs = {k: _ok(thumbq("jobs", "show", str(v["job_id"]), env=env)) for k, v in ids.items()}
-        if all(job["status"] in TERMINAL for job in jobs.values()):
+        if all(job["status"] in FINAL_STATUSES for job in jobs.values()):
             break
     return jobs
 

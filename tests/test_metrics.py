@@ -15,10 +15,10 @@ from typing import Any
 import tests.tasks_fixture  # noqa: F401  (registers the echo tasks in this process too)
 from tests.clirun import thumbq, user_env
 from tests.liveapp import live_app, put_samples
-from worker import db
-from worker.batch import run_batch
-from worker.config import Config
-from worker.queue import Queue
+from worker.engine import db
+from worker.engine.batch import run_batch
+from worker.engine.config import Config
+from worker.engine.queue import Queue
 from worker.storage import open_storage
 
 SECRET = "admin-secret-0123456789"
@@ -84,10 +84,12 @@ def test_metrics_equal_what_thumbq_queues_thumbq_status_and_pgmq_say(
     storage = open_storage(config)
     # Two thumbnails made and one broken file, in one batch run.
     items = put_samples(storage, "metrics/", good=2, broken=1)
-    Queue(conn).enqueue(items, "photos")
+    Queue(conn).enqueue_files(items, "photos")
     run_batch(config, conn, storage)
     # A backlog: four thumbnails waiting, and two jobs of another task, one of them claimed.
-    Queue(conn).enqueue([{"source_key": f"later/{i}.jpg", "etag": "e"} for i in range(4)], "later")
+    Queue(conn).enqueue_files(
+        [{"source_key": f"later/{i}.jpg", "etag": "e"} for i in range(4)], "later"
+    )
     db.run(
         conn,
         "enqueue_jobs",

@@ -37,9 +37,9 @@ from tests.pgtools import (
     supabase_push,
     supabase_roles,
 )
-from worker import db
 from worker.cli import main as cli_main
-from worker.migrations import PGMQ_EXTENSION, export, migrations
+from worker.engine import db
+from worker.engine.migrations import PGMQ_EXTENSION, export, migrations
 
 RELEASE = "2723964"  # 0.1.0
 # The first `thumbq db export-migration` (before 0.1.0): a project that pushed then has an

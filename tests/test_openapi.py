@@ -12,7 +12,7 @@ import pytest
 from flask import Flask
 
 from api import create_app
-from worker.config import Config
+from worker.engine.config import Config
 
 RELEASED = Path(__file__).parent / "fixtures" / "openapi_0.1.0.json"
 METHODS = ("get", "put", "post", "delete", "patch", "head", "options", "trace")

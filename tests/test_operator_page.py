@@ -19,12 +19,13 @@ import pytest
 
 from tests.browser import chromium
 from tests.liveapp import call, live_app, put_samples, wait_until
-from worker import db
-from worker.batch import render_options, run_batch
-from worker.config import Config
-from worker.queue import Queue
-from worker.service import enqueue
+from worker.engine import db
+from worker.engine.batch import run_batch
+from worker.engine.config import Config
+from worker.engine.queue import Queue
 from worker.storage import open_storage
+from worker.thumbnails.files import enqueue_keys
+from worker.thumbnails.task import render_options
 
 SECRET = "operator-page-secret-0123456789"
 SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "operator.png"
@@ -54,22 +55,24 @@ def _config(tmp_path: Path, db_url: str, secret: str | None = SECRET) -> Config:
 def _operators_day(config: Config, db_url: str) -> dict[str, int]:
     """A real batch over photos (two broken), then a job dead-lettered after its last attempt,
     one running, three waiting. Returns the ids of the dead and the running job."""
-    from worker.render.process import RenderPool
+    from worker.thumbnails.render.process import RenderPool
 
     storage = open_storage(config)
     items = put_samples(storage, "spring/", good=8, broken=2)
     with db.connect(db_url) as conn:
-        enqueue(conn, storage, config, items, "event-spring")
+        enqueue_keys(conn, storage, config, items, "event-spring")
         with RenderPool(render_options(config), 2, config.render_memory_mb) as pool:
             run_batch(config, conn, storage, pool)
         q = Queue(conn, max_attempts=1)
-        q.enqueue([{"source_key": HOSTILE_KEY, "etag": "e1"}], "uploads")
-        q.enqueue([{"source_key": "live/keynote.pdf", "etag": "e1"}], "uploads")
+        q.enqueue_files([{"source_key": HOSTILE_KEY, "etag": "e1"}], "uploads")
+        q.enqueue_files([{"source_key": "live/keynote.pdf", "etag": "e1"}], "uploads")
         claim = q.claim("worker-test", 2, 600)
         by_key = {j.source_key: j for j in claim.jobs}
         dead, live = by_key[HOSTILE_KEY], by_key["live/keynote.pdf"]
         q.fail("worker-test", dead, "storage_timeout", "storage did not answer in 20 s", False)
-        q.enqueue([{"source_key": f"wait/{i}.jpg", "etag": "e1"} for i in range(3)], "uploads")
+        q.enqueue_files(
+            [{"source_key": f"wait/{i}.jpg", "etag": "e1"} for i in range(3)], "uploads"
+        )
     return {"dead": dead.id, "live": live.id}
 
 
@@ -204,11 +207,11 @@ def test_replay_refuses_bad_bodies_and_skips_jobs_that_are_no_dead_letters(
     config = _config(tmp_path, db_url)
     with db.connect(db_url) as conn:
         q = Queue(conn, max_attempts=1)
-        rows = q.enqueue([{"source_key": f"d/{i}.jpg", "etag": "e"} for i in range(3)], "g")
+        rows = q.enqueue_files([{"source_key": f"d/{i}.jpg", "etag": "e"} for i in range(3)], "g")
         claim = q.claim("w", 3, 600)
         for job in claim.jobs[:2]:
             q.fail("w", job, "storage_timeout", "slow", False)
-        waiting = q.enqueue([{"source_key": "d/waiting.jpg", "etag": "e"}], "g")[0]["job_id"]
+        waiting = q.enqueue_files([{"source_key": "d/waiting.jpg", "etag": "e"}], "g")[0]["job_id"]
     dead = sorted(j.id for j in claim.jobs[:2])
     with live_app(config) as server:
         url = server.url + "/api/ops/dlq/replay"

@@ -35,8 +35,8 @@ from tests.pgtools import (
     supabase_roles,
     vendor_dir,
 )
-from worker import db
-from worker.config import Config
+from worker.engine import db
+from worker.engine.config import Config
 from worker.storage import open_storage
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -20,12 +20,13 @@ import pytest
 from tests import pgbouncer
 from tests.liveapp import put_samples
 from tests.pgtools import require
-from worker import db, ratelimit
-from worker.batch import render_options, run_batch
-from worker.config import Config
-from worker.queue import Queue
-from worker.service import enqueue
+from worker.engine import db, ratelimit
+from worker.engine.batch import run_batch
+from worker.engine.config import Config
+from worker.engine.queue import Queue
 from worker.storage import open_storage
+from worker.thumbnails.files import enqueue_keys
+from worker.thumbnails.task import render_options
 
 SECRET = "pgbouncer-test-secret-0123456789"
 JWT_SECRET = "pgbouncer-test-jwt-secret-0123456789abcdef"
@@ -82,10 +83,10 @@ def test_enqueue_batch_retry_and_progress_work_through_pgbouncer(
     )
     storage = open_storage(config)
     items = put_samples(storage, "pgb/", good=8, broken=2)
-    from worker.render.process import RenderPool
+    from worker.thumbnails.render.process import RenderPool
 
     with db.connect(url) as conn:
-        result = enqueue(conn, storage, config, items, "pgb")
+        result = enqueue_keys(conn, storage, config, items, "pgb")
         assert result["enqueued"] == 10
         conn.execute("insert into thumbq.group_members values ('pgb', 'alice')")
         q = Queue(conn)

@@ -15,9 +15,9 @@ import json
 import pytest
 
 from tests.pgtools import PGMQ_EXTENSION_VERSIONS, PGMQ_SQL, install_pgmq, require_pgmq_extension
-from worker import db
 from worker.cli import main as cli_main
-from worker.queue import Queue
+from worker.engine import db
+from worker.engine.queue import Queue
 
 
 def _install_pgmq(url: str, *after: str) -> None:
@@ -121,7 +121,7 @@ def test_queued_work_survives_alter_extension_pgmq_update_from_1_4_4(empty_db_ur
         require_pgmq_extension(conn, "1.5.1")
         db.init_schema(conn)
         queue = Queue(conn)
-        queue.enqueue([{"source_key": "a.pdf", "etag": "e1"}, {"source_key": "b.pdf"}], "g1")
+        queue.enqueue_files([{"source_key": "a.pdf", "etag": "e1"}, {"source_key": "b.pdf"}], "g1")
         conn.execute("alter extension pgmq update to '1.5.1'")
         assert db.init_schema(conn) == {"pgmq": "present", "applied": []}
         claimed = queue.claim("w1", 10, vt_seconds=60).jobs

@@ -15,13 +15,14 @@ import pytest
 from tests.browser import chromium
 from tests.liveapp import call, put_samples, wait_until
 from tests.pgbouncer import free_port
-from worker import db
-from worker.batch import render_options, run_batch
-from worker.config import Config
-from worker.queue import Queue
-from worker.service import enqueue
-from worker.serving import ServerThread
+from worker.engine import db
+from worker.engine.batch import run_batch
+from worker.engine.config import Config
+from worker.engine.queue import Queue
+from worker.local.server import ServerThread
 from worker.storage import open_storage
+from worker.thumbnails.files import enqueue_keys
+from worker.thumbnails.task import render_options
 
 SECRET = "progress-page-secret-0123456789"
 # THUMBQ_UPDATE_SCREENSHOT=1 copies the page that `thumbq up`'s link opens here, for the README.
@@ -54,7 +55,7 @@ def _record(app: Any) -> list[tuple[str, str | None, int]]:
 
 def _drain_in_background(config: Config, group: str, stop: threading.Event) -> threading.Thread:
     """Run real batches, a little apart so that the page sees the bar move, until settled."""
-    from worker.render.process import RenderPool
+    from worker.thumbnails.render.process import RenderPool
 
     def work() -> None:
         storage = open_storage(config)
@@ -103,7 +104,7 @@ def test_progress_page_follows_batches_to_100_percent_and_lists_failures(
     bad = storage.put(HOSTILE_KEY, b"\xff\xd8\xff\xe0 not really a jpeg", "image/jpeg")
     items.append({"source_key": HOSTILE_KEY, "etag": bad.etag, "content_type": "image/jpeg"})
     with db.connect(db_url) as conn:
-        enqueue(conn, storage, config, items, group)
+        enqueue_keys(conn, storage, config, items, group)
 
     from api import create_app
 
@@ -235,8 +236,8 @@ def test_failures_endpoint_has_the_progress_endpoints_auth_and_its_documented_sh
     jwt_secret = "failures-jwt-secret-0123456789abcdef0123"
     config = config.with_(cron_secret=SECRET, jwt_secret=jwt_secret)
     storage = open_storage(config)
-    enqueue(conn, storage, config, put_samples(storage, "f/", good=1, broken=2), "fg")
-    from worker.render.process import RenderPool
+    enqueue_keys(conn, storage, config, put_samples(storage, "f/", good=1, broken=2), "fg")
+    from worker.thumbnails.render.process import RenderPool
 
     with RenderPool(render_options(config), 1, config.render_memory_mb) as pool:
         run_batch(config, conn, storage, pool)
@@ -311,7 +312,7 @@ def test_progress_page_shows_each_outcome_wraps_names_between_parts_and_promises
     # a retry would come; a file missing from storage was not listed at all.
     from selenium.webdriver.common.by import By
 
-    from worker.render.process import RenderPool
+    from worker.thumbnails.render.process import RenderPool
 
     config = Config.from_env(
         {
@@ -333,7 +334,7 @@ def test_progress_page_shows_each_outcome_wraps_names_between_parts_and_promises
     storage.put("flaky/photo.jpg", b"\xff\xd8\xff", "image/jpeg")
     items.append({"source_key": "flaky/photo.jpg", "etag": "e1", "content_type": "image/jpeg"})
     with db.connect(db_url) as conn:
-        enqueue(conn, storage, config, items, group)
+        enqueue_keys(conn, storage, config, items, group)
         q = Queue(conn)
         # The flaky photo fails once with a transient error, through the real transitions.
         claim = q.claim("test-worker", 100, 60)
@@ -439,13 +440,13 @@ def test_the_link_thumbq_up_prints_opens_the_page_signed_in_read_only_with_a_gal
     # Older material first, then the demo's varied files (slides, a report, photos, a PNG, a
     # GIF, one broken and one unsupported): the newest jobs head the grid of the screenshot.
     items = put_samples(storage, "archive/", good=46)
-    from worker.samples import demo_files
+    from worker.local.samples import demo_files
 
     for name, (data, content_type) in demo_files().items():
         storage.put(f"talks/{name}", data, content_type)
         items.append({"source_key": f"talks/{name}"})
     with db.connect(db_url) as conn:
-        enqueue(conn, storage, config, items, "conference-2026")
+        enqueue_keys(conn, storage, config, items, "conference-2026")
     env = user_env(
         tmp_path,
         DATABASE_URL=db_url,

@@ -16,8 +16,8 @@ import psycopg
 import pytest
 
 from tests.pgtools import require
-from worker import db, ratelimit
-from worker.queue import Queue
+from worker.engine import db, ratelimit
+from worker.engine.queue import Queue
 
 # Every test on the pgmq package's SQL and on the pgmq extension 1.4.4 and 1.5.1 (conftest).
 pytestmark = pytest.mark.pgmq_versions
@@ -75,8 +75,8 @@ def test_only_the_pgmq_1_4_4_api_is_called() -> None:
 
 def test_enqueue_is_idempotent_per_object_version(conn: db.Conn) -> None:
     q = Queue(conn)
-    first = q.enqueue(items(3), "g")
-    again = q.enqueue(items(3), "g")
+    first = q.enqueue_files(items(3), "g")
+    again = q.enqueue_files(items(3), "g")
     assert all(r["created"] for r in first)
     assert not any(r["created"] for r in again)
     assert sorted(r["job_id"] for r in first) == sorted(r["job_id"] for r in again)
@@ -86,8 +86,8 @@ def test_enqueue_is_idempotent_per_object_version(conn: db.Conn) -> None:
 
 def test_a_new_etag_supersedes_the_waiting_older_version(conn: db.Conn) -> None:
     q = Queue(conn)
-    q.enqueue([{"source_key": "a.pdf", "etag": "v1"}], "g")
-    q.enqueue([{"source_key": "a.pdf", "etag": "v2"}], "g")
+    q.enqueue_files([{"source_key": "a.pdf", "etag": "v1"}], "g")
+    q.enqueue_files([{"source_key": "a.pdf", "etag": "v2"}], "g")
     rows = conn.execute(
         "select source_etag, status, error_code from thumbq.jobs order by id"
     ).fetchall()
@@ -102,7 +102,7 @@ def test_a_new_etag_supersedes_the_waiting_older_version(conn: db.Conn) -> None:
 
 def test_claim_never_returns_a_message_twice_under_concurrency(db_url: str) -> None:
     with db.connect(db_url) as c:
-        Queue(c).enqueue(items(400), "g")
+        Queue(c).enqueue_files(items(400), "g")
     seen: list[int] = []
     lock = threading.Lock()
 
@@ -127,7 +127,7 @@ def test_claim_never_returns_a_message_twice_under_concurrency(db_url: str) -> N
 
 def test_a_killed_runs_messages_come_back_after_the_visibility_timeout(conn: db.Conn) -> None:
     q = Queue(conn)
-    q.enqueue(items(2), "g")
+    q.enqueue_files(items(2), "g")
     lost = q.claim("killed-run", 10, 1).jobs  # this invocation dies without reporting
     assert len(lost) == 2
     assert q.claim("other", 10, 30).jobs == []  # invisible while leased
@@ -146,7 +146,7 @@ def test_a_killed_runs_messages_come_back_after_the_visibility_timeout(conn: db.
 
 def test_unstarted_messages_are_released_at_once_without_an_attempt(conn: db.Conn) -> None:
     q = Queue(conn)
-    q.enqueue(items(5), "g")
+    q.enqueue_files(items(5), "g")
     claimed = q.claim("w1", 5, 300).jobs
     assert q.release("w1", [j.id for j in claimed[2:]]) == 3
     again = q.claim("w2", 5, 300).jobs
@@ -157,7 +157,7 @@ def test_unstarted_messages_are_released_at_once_without_an_attempt(conn: db.Con
 
 def test_retries_back_off_and_land_in_the_dlq_after_max_attempts(conn: db.Conn) -> None:
     q = Queue(conn, max_attempts=3)
-    q.enqueue(items(1), "g")
+    q.enqueue_files(items(1), "g")
     delays = []
     for attempt in range(1, 4):
         (job,) = q.claim("w", 1, 60).jobs
@@ -185,7 +185,7 @@ def test_retries_back_off_and_land_in_the_dlq_after_max_attempts(conn: db.Conn) 
 
 def test_permanent_failures_end_at_once_with_their_status(conn: db.Conn) -> None:
     q = Queue(conn)
-    q.enqueue([{"source_key": k, "etag": "e"} for k in ("a.svg", "b.pdf", "c.jpg")], "g")
+    q.enqueue_files([{"source_key": k, "etag": "e"} for k in ("a.svg", "b.pdf", "c.jpg")], "g")
     jobs = {j.source_key: j for j in q.claim("w", 3, 60).jobs}
     q.fail("w", jobs["a.svg"], "unsupported_type", "SVG is not rendered", permanent=True)
     q.fail("w", jobs["b.pdf"], "encrypted_input", "needs a password", permanent=True)
@@ -204,7 +204,7 @@ def test_permanent_failures_end_at_once_with_their_status(conn: db.Conn) -> None
 
 def test_a_job_whose_lease_is_lost_every_time_is_dead_lettered(conn: db.Conn) -> None:
     q = Queue(conn, max_attempts=2)
-    q.enqueue(items(1), "g")
+    q.enqueue_files(items(1), "g")
     for _ in range(2):
         assert len(q.claim("crashing", 1, 1).jobs) == 1
         time.sleep(1.1)
@@ -247,13 +247,13 @@ def test_take_tokens_never_over_issues_with_16_concurrent_connections(db_url: st
 def test_claim_respects_the_bucket_and_wastes_no_tokens(conn: db.Conn) -> None:
     ratelimit.set_limit(conn, "thumbnail_generation", capacity=5, refill_per_second=0.5)
     q = Queue(conn)
-    q.enqueue(items(3), "g")
+    q.enqueue_files(items(3), "g")
     assert len(q.claim("w", 10, 60).jobs) == 3
     tokens = conn.execute(
         "select tokens from thumbq.rate_limits where name = 'thumbnail_generation'"
     ).fetchone()["tokens"]
     assert 2 <= tokens < 2.5  # 3 taken for 3 claimed, the rest given back
-    q.enqueue(items(10, prefix="more"), "g")
+    q.enqueue_files(items(10, prefix="more"), "g")
     assert len(q.claim("w", 10, 60).jobs) == 2
     limited = q.claim("w", 10, 60)
     assert limited.jobs == [] and limited.rate_limited
@@ -264,7 +264,7 @@ def test_group_counts_equal_a_recount_after_a_random_mix_of_transitions(conn: db
     rnd = random.Random(7)
     q = Queue(conn, max_attempts=2)
     for g in ("a", "b", "c"):
-        q.enqueue(items(40, prefix=g), g)
+        q.enqueue_files(items(40, prefix=g), g)
     for step in range(60):
         op = rnd.choice(
             [
@@ -289,7 +289,7 @@ def test_group_counts_equal_a_recount_after_a_random_mix_of_transitions(conn: db
             ).fetchall()
             if not rows:
                 continue
-            from worker.queue import ClaimedJob
+            from worker.engine.queue import ClaimedJob
 
             jobs = [ClaimedJob.from_json(r) for r in rnd.sample(rows, min(len(rows), 3))]
             if op == "complete":
@@ -307,14 +307,16 @@ def test_group_counts_equal_a_recount_after_a_random_mix_of_transitions(conn: db
                 q.release("w", [j.id for j in jobs])
         elif op == "enqueue":
             g = rnd.choice("abc")
-            q.enqueue(items(rnd.randint(1, 5), prefix=f"{g}{step}"), g)
+            q.enqueue_files(items(rnd.randint(1, 5), prefix=f"{g}{step}"), g)
         elif op == "cancel":
             q.cancel(rnd.choice("abc"))
         elif op == "retry":
             q.retry_failed(rnd.choice("abc"))
         else:
             g = rnd.choice("abc")
-            q.enqueue([{"source_key": f"{g}/{rnd.randint(0, 39):05d}.pdf", "etag": f"s{step}"}], g)
+            q.enqueue_files(
+                [{"source_key": f"{g}/{rnd.randint(0, 39):05d}.pdf", "etag": f"s{step}"}], g
+            )
         if step % 10 == 0:
             conn.execute(
                 "select pgmq.set_vt('thumbq_jobs', msg_id, 0) from thumbq.jobs"
@@ -327,7 +329,7 @@ def test_group_counts_equal_a_recount_after_a_random_mix_of_transitions(conn: db
 
 def test_progress_counts_percentage_and_eta(conn: db.Conn) -> None:
     q = Queue(conn)
-    q.enqueue(items(10), "g")
+    q.enqueue_files(items(10), "g")
     p = q.progress("g")
     assert (p["total"], p["pending"], float(p["progress_percentage"])) == (10, 10, 0.0)
     assert p["estimated_time_remaining_seconds"] is None  # nothing observed yet: unknown
@@ -420,7 +422,7 @@ def test_the_live_progress_read_is_one_index_lookup(conn: db.Conn) -> None:
 
 def test_the_live_claim_and_complete_find_jobs_by_index_never_by_a_scan(conn: db.Conn) -> None:
     q = Queue(conn)
-    q.enqueue(items(2000), "g")
+    q.enqueue_files(items(2000), "g")
     conn.execute("analyze thumbq.jobs")
     claimed: list[Any] = []
     scans = _scans_of(conn, lambda: claimed.extend(q.claim("w", 5, 60).jobs))

@@ -24,10 +24,10 @@ from tests.liveapp import live_app, wait_until
 from tests.pgtools import require
 from tests.realtime_stub import RealtimeStub
 from tests.test_progress_page import browser  # noqa: F401 (the Chromium fixture)
-from worker import db
-from worker.config import Config
-from worker.queue import Queue
-from worker.watch import WatchOptions, follow_realtime, watch
+from worker.engine import db
+from worker.engine.config import Config
+from worker.engine.queue import Queue
+from worker.local.watch import WatchOptions, follow_realtime, watch
 
 SECRET = "realtime-test-admin-secret-0123456789"
 JWT_SECRET = "realtime-test-jwt-secret-0123456789abcdef"
@@ -56,7 +56,7 @@ def stub() -> Iterator[RealtimeStub]:
 
 @pytest.fixture
 def group(conn: db.Conn) -> db.Conn:
-    Queue(conn).enqueue([{"source_key": f"t/{i}.pdf", "etag": "e"} for i in range(4)], GROUP)
+    Queue(conn).enqueue_files([{"source_key": f"t/{i}.pdf", "etag": "e"} for i in range(4)], GROUP)
     conn.execute("insert into thumbq.group_members values (%s, 'alice')", [GROUP])
     return conn
 

@@ -20,7 +20,7 @@ from PIL import Image
 
 from bench import corpus
 from bench.corpus import BLUE, CORPUS, GREEN, RED
-from worker.errors import (
+from worker.engine.errors import (
     CORRUPT_INPUT,
     INTERNAL,
     RENDER_TIMEOUT,
@@ -28,9 +28,9 @@ from worker.errors import (
     UNSUPPORTED_TYPE,
     ThumbqError,
 )
-from worker.render import RenderOptions, Thumbnail, render
-from worker.render.process import RenderPool
-from worker.render.sniff import sniff
+from worker.thumbnails.render import RenderOptions, Thumbnail, render
+from worker.thumbnails.render.process import RenderPool
+from worker.thumbnails.render.sniff import sniff
 
 OPTS = RenderOptions()
 # The slow PDF takes minutes in-process; it is exercised through RenderPool below.
@@ -342,7 +342,7 @@ def test_hostile_files_leave_no_output_or_warnings(capfd: pytest.CaptureFixture[
 
 def test_importing_the_render_package_loads_neither_pymupdf_nor_pillow() -> None:
     code = (
-        "import sys, worker.render, worker.render.process; "
+        "import sys, worker.thumbnails.render, worker.thumbnails.render.process; "
         "assert 'pymupdf' not in sys.modules and 'PIL' not in sys.modules, sys.modules.keys()"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=os.path.dirname(__file__) + "/..")
@@ -473,9 +473,9 @@ sys.platform = "darwin"
 _MACOS_SCRIPT = """
 import json, sys, time
 from bench import corpus
-from worker.errors import ThumbqError
-from worker.render import RenderOptions
-from worker.render.process import RenderPool
+from worker.engine.errors import ThumbqError
+from worker.thumbnails.render import RenderOptions
+from worker.thumbnails.render.process import RenderPool
 
 assert sys.platform == "darwin"
 pool = RenderPool(RenderOptions(), workers=1, memory_limit_mb=768)

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from worker import db
+from worker.engine import db
 
 USER_A = {"sub": "user-a", "role": "authenticated"}
 USER_B = {"sub": "user-b", "role": "authenticated"}

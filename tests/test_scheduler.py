@@ -16,14 +16,14 @@ import pytest
 
 from tests.liveapp import call, live_app, put_samples, wait_until
 from tests.pgbouncer import free_port
-from worker import db
 from worker.cli import ensure_cron_secret
-from worker.config import Config
-from worker.queue import Queue
-from worker.scheduler import HttpResponse, Scheduler, cron_trigger, next_step
-from worker.service import enqueue
-from worker.serving import ServerThread
+from worker.engine import db
+from worker.engine.config import Config
+from worker.engine.queue import Queue
+from worker.local.cron import CronScheduler, HttpResponse, cron_trigger, next_step
+from worker.local.server import ServerThread
 from worker.storage import open_storage
+from worker.thumbnails.files import enqueue_keys
 
 SECRET = "scheduler-test-secret-0123456789"
 ROOT = Path(__file__).resolve().parent.parent
@@ -117,10 +117,10 @@ def test_scheduler_drains_a_real_queue_chaining_within_ticks(
     storage = open_storage(config)
     items = put_samples(storage, "sched/", good=14, broken=2)
     with db.connect(db_url) as conn:
-        enqueue(conn, storage, config, items, "sched")
+        enqueue_keys(conn, storage, config, items, "sched")
     caplog.set_level(logging.WARNING, logger="apscheduler")
     with live_app(config) as server:
-        sched = Scheduler(
+        sched = CronScheduler(
             config, api_url=server.url, trigger=cron_trigger("*/5 * * * * *"), cleanup_every_s=1
         )
         sched.start(run_now=True)
@@ -164,9 +164,9 @@ def test_scheduler_survives_the_api_being_down_and_resumes_next_tick(
     config = _config(tmp_path, db_url)
     storage = open_storage(config)
     with db.connect(db_url) as conn:
-        enqueue(conn, storage, config, put_samples(storage, "down/", good=4), "down")
+        enqueue_keys(conn, storage, config, put_samples(storage, "down/", good=4), "down")
     port = free_port()
-    sched = Scheduler(
+    sched = CronScheduler(
         config, api_url=f"http://127.0.0.1:{port}", trigger=cron_trigger("* * * * * *")
     )
     sched.start(run_now=True)
@@ -199,7 +199,7 @@ def test_scheduler_waits_out_the_rate_limit_then_calls_again(
     config = _config(tmp_path, db_url)
     storage = open_storage(config)
     with db.connect(db_url) as conn:
-        enqueue(conn, storage, config, put_samples(storage, "rl/", good=6), "rl")
+        enqueue_keys(conn, storage, config, put_samples(storage, "rl/", good=6), "rl")
         # One token, refilled at two a second: every run is cut short by the bucket.
         conn.execute(
             "update thumbq.rate_limits set capacity = 1, tokens = 1, refill_per_second = 2"
@@ -208,7 +208,7 @@ def test_scheduler_waits_out_the_rate_limit_then_calls_again(
         )
     with live_app(config) as server:
         # A yearly tick: the chain is bounded by the rules, not by a tick that happens to be near.
-        sched = Scheduler(config, api_url=server.url, trigger=cron_trigger("0 0 1 1 *"))
+        sched = CronScheduler(config, api_url=server.url, trigger=cron_trigger("0 0 1 1 *"))
         summary = sched.tick()
     calls = _calls(capsys.readouterr().err)
     waits = [c for c in calls if c["next"] == "wait"]
@@ -336,7 +336,7 @@ def test_serve_and_scheduler_commands_drain_a_queue_and_stop_on_sigterm(
     config = _config(tmp_path, db_url)
     storage = open_storage(config)
     with db.connect(db_url) as conn:
-        enqueue(conn, storage, config, put_samples(storage, "cli/", good=4), "cli")
+        enqueue_keys(conn, storage, config, put_samples(storage, "cli/", good=4), "cli")
 
     def start(command: str) -> subprocess.Popen[str]:
         return subprocess.Popen(

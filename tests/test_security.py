@@ -32,8 +32,8 @@ from tests.test_api import (
     unsigned_jwt,
     user_token,
 )
-from worker import db
-from worker.config import Config
+from worker.engine import db
+from worker.engine.config import Config
 
 # -- fixtures -------------------------------------------------------------------------------------
 
@@ -422,7 +422,7 @@ ADMIN_ROUTES = [
 def test_a_user_never_sees_another_users_group_through_any_route(
     client: FlaskClient, conn: db.Conn
 ) -> None:
-    from worker.queue import Queue
+    from worker.engine.queue import Queue
 
     enqueue(conn, 2, "bobs-group", "b")
     queue = Queue(conn)
@@ -548,9 +548,9 @@ def test_bombs_are_refused_or_rendered_small_before_the_renderer_allocates_for_t
     sec_config: Config,
 ) -> None:
     from bench.corpus import png_bomb
-    from worker.batch import render_options
-    from worker.errors import ThumbqError
-    from worker.render.process import RenderPool
+    from worker.engine.errors import ThumbqError
+    from worker.thumbnails.render.process import RenderPool
+    from worker.thumbnails.task import render_options
 
     # (name, bytes, decoded size in MB were it decoded whole (a PDF page at 72 dpi, RGB),
     # expected outcome)

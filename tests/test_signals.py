@@ -27,10 +27,10 @@ import pytest
 from tests.clirun import thumbq_exe, user_env
 from tests.liveapp import call, put_samples, wait_until
 from tests.s3fixtures import free_port
-from worker import db
-from worker.config import Config
-from worker.service import enqueue
+from worker.engine import db
+from worker.engine.config import Config
 from worker.storage import open_storage
+from worker.thumbnails.files import enqueue_keys
 
 SECRET = "signals-secret-0123456789abcdef0123456789"
 # Enough files that a run is well under way, and far from done, when the signal comes.
@@ -217,7 +217,7 @@ def test_sigterm_during_run_batch_ends_the_batch_cleanly_with_143(
 ) -> None:
     config = _config(tmp_path, db_url)
     with db.connect(db_url) as conn:
-        enqueue(conn, open_storage(config), config, _put_files(tmp_path, db_url, "rb/"), "rb")
+        enqueue_keys(conn, open_storage(config), config, _put_files(tmp_path, db_url, "rb/"), "rb")
     env = _env(tmp_path, db_url, THUMBQ_BUDGET_MS="20000", THUMBQ_BUFFER_MS="2000")
     with running(["run-batch"], env) as proc:
         _wait_mid_run(tmp_path, "rb/", proc)
@@ -233,7 +233,7 @@ def test_sigterm_during_run_batch_ends_the_batch_cleanly_with_143(
 def test_sigterm_to_thumbq_up_mid_batch_stops_it_cleanly(tmp_path: Path, db_url: str) -> None:
     config = _config(tmp_path, db_url)
     with db.connect(db_url) as conn:
-        enqueue(conn, open_storage(config), config, _put_files(tmp_path, db_url, "up/"), "up")
+        enqueue_keys(conn, open_storage(config), config, _put_files(tmp_path, db_url, "up/"), "up")
     env = _env(tmp_path, db_url, THUMBQ_HOME=str(tmp_path / "home"))
     with running(["up", "--port", str(free_port())], env) as proc:
         _wait_mid_run(tmp_path, "up/", proc)
@@ -253,7 +253,7 @@ def test_a_signal_to_thumbq_serve_ends_the_batch_in_flight_cleanly(
 ) -> None:
     config = _config(tmp_path, db_url)
     with db.connect(db_url) as conn:
-        enqueue(conn, open_storage(config), config, _put_files(tmp_path, db_url, "sv/"), "sv")
+        enqueue_keys(conn, open_storage(config), config, _put_files(tmp_path, db_url, "sv/"), "sv")
     port = free_port()
     env = _env(
         tmp_path,
@@ -301,22 +301,23 @@ def test_a_render_stopped_by_the_pools_close_is_not_run_rather_than_internal() -
     # Regression: a render in flight when the pool closed (a stop) failed `internal` ("render
     # stopped: the render pool is closing"), and a batch charged its job an attempt for it.
     from bench import corpus
-    from worker.errors import RENDER_TIMEOUT
-    from worker.render import RenderOptions
-    from worker.render.process import RenderPool, RenderStopped
+    from worker.engine.errors import RENDER_TIMEOUT
+    from worker.engine.processes import PoolStopped
+    from worker.thumbnails.render import RenderOptions
+    from worker.thumbnails.render.process import RenderPool
 
     pool = RenderPool(RenderOptions(), workers=1, memory_limit_mb=768)
     pool.start()
     closer = threading.Timer(0.3, pool.close)
     closer.start()
     try:
-        with pytest.raises(RenderStopped) as info:
+        with pytest.raises(PoolStopped) as info:
             pool.render(corpus.slow_pdf(), None, timeout_s=20)
     finally:
         closer.join()
         pool.close()
     assert info.value.code == RENDER_TIMEOUT and "stopping" in info.value.message
-    with pytest.raises(RenderStopped):
+    with pytest.raises(PoolStopped):
         pool.render(corpus.small_jpeg(), None, timeout_s=5)
 
 
@@ -370,7 +371,7 @@ def test_sigterm_to_thumbq_scheduler_mid_call_exits_without_waiting_for_the_batc
         info = storage.put(f"sch/{name}.pdf", corpus.slow_pdf(), "application/pdf")
         items.append({"source_key": f"sch/{name}.pdf", "etag": info.etag})
     with db.connect(db_url) as conn:
-        enqueue(conn, storage, config, items, "sch")
+        enqueue_keys(conn, storage, config, items, "sch")
     port = free_port()
     env = _env(
         tmp_path,

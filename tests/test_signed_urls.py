@@ -16,14 +16,15 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 import pytest
 
 from tests.liveapp import live_app, put_samples
-from worker import db
-from worker.batch import render_options, run_batch
-from worker.config import Config
-from worker.jobs import get
-from worker.service import enqueue
-from worker.signing import thumbnail_signature
+from worker.app.jobs import get
+from worker.app.signing import thumbnail_signature
+from worker.app.urls import UrlSigner
+from worker.engine import db
+from worker.engine.batch import run_batch
+from worker.engine.config import Config
 from worker.storage import open_storage
-from worker.urls import UrlSigner
+from worker.thumbnails.files import enqueue_keys
+from worker.thumbnails.task import render_options
 
 SECRET = "signed-urls-admin-secret-0123456789"
 TTL_S = 120
@@ -31,10 +32,10 @@ TTL_S = 120
 
 def finish(config: Config, conn: db.Conn, group: str) -> list[int]:
     """Two files (a PDF and a JPEG) rendered; their job ids."""
-    from worker.render.process import RenderPool
+    from worker.thumbnails.render.process import RenderPool
 
     storage = open_storage(config)
-    enqueue(conn, storage, config, put_samples(storage, f"{group}/", 2), group)
+    enqueue_keys(conn, storage, config, put_samples(storage, f"{group}/", 2), group)
     with RenderPool(render_options(config), 2, config.render_memory_mb) as pool:
         while run_batch(config, conn, storage, pool).stopped_reason != "drained":
             pass
@@ -168,7 +169,7 @@ def test_without_a_ttl_job_answers_carry_no_urls_and_the_route_opens_nothing(
 
 
 def test_the_cli_view_of_a_job_carries_the_same_urls(local_config: Config, conn: db.Conn) -> None:
-    """worker.jobs.get, what `thumbq jobs show` prints, given the signer the CLI makes."""
+    """worker.app.jobs.get, what `thumbq jobs show` prints, given the signer the CLI makes."""
     job_id = finish(local_config, conn, "cli")[0]
     storage = open_storage(local_config)
     signer = UrlSigner.for_config(local_config, storage, local_config.api_url)

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from bench.soak import Options, soak
-from worker import db
-from worker.queue import Queue
+from worker.engine import db
+from worker.engine.queue import Queue
 
 
 @pytest.mark.slow

@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from worker import db
-from worker.batch import BatchResult
+from worker.engine import db
+from worker.engine.batch import BatchResult
 from worker.engine.states import (
     COUNTED,
     FINAL_OUTCOMES,

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from worker.config import Config
-from worker.errors import SOURCE_MISSING, STORAGE_ERROR, TOO_LARGE, InvalidKey, ThumbqError
+from worker.engine.config import Config
+from worker.engine.errors import SOURCE_MISSING, STORAGE_ERROR, TOO_LARGE, InvalidKey, ThumbqError
 from worker.storage import NotFound, Storage, StorageError, open_storage
 from worker.storage.file import TEMP_PREFIX, FileStorage
 from worker.storage.s3 import S3Storage

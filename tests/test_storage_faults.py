@@ -22,12 +22,12 @@ from PIL import Image
 from bench.corpus import photo_jpeg, tiny_png, vector_pdf
 from tests.faultproxy import FaultProxy
 from tests.pgtools import make_retries_due
-from worker import db
-from worker.batch import run_batch
-from worker.config import Config
-from worker.queue import Queue
-from worker.render.process import RenderPool
+from worker.engine import db
+from worker.engine.batch import run_batch
+from worker.engine.config import Config
+from worker.engine.queue import Queue
 from worker.storage.s3 import S3Storage
+from worker.thumbnails.render.process import RenderPool
 
 FILES = 40
 SEED = 20261125
@@ -110,7 +110,7 @@ def test_storage_faults_are_retried_and_no_partial_thumbnail_is_ever_visible(
         items.append({"source_key": key, "etag": etag.strip('"'), "content_type": ctype})
     # Enough thumbq attempts that a seeded run of bad luck cannot dead-letter a file: what is
     # under test is that transient errors are retried, not the attempt limit.
-    Queue(conn, max_attempts=MAX_ATTEMPTS).enqueue(items, GROUP)
+    Queue(conn, max_attempts=MAX_ATTEMPTS).enqueue_files(items, GROUP)
 
     cfg = config.with_(
         budget_ms=4000,
@@ -208,7 +208,7 @@ def _all_keys(client: Any, bucket: str) -> list[str]:
 
 
 def _render_options(cfg: Config) -> Any:
-    from worker.batch import render_options
+    from worker.thumbnails.task import render_options
 
     return render_options(cfg)
 

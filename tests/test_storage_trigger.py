@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from tests.pgtools import supabase_roles
-from worker import db
+from worker.engine import db
 
 # storage.objects as Supabase's storage service creates it (migrations/tenant of its repository:
 # 0002 storage-schema, 0002 pathtoken-column, 0014 add-version, 0017 owner_id, 0025 custom

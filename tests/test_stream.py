@@ -26,11 +26,11 @@ from api import create_app
 from tests.liveapp import call, live_app, wait_listening, wait_until
 from tests.s3fixtures import free_port
 from tests.test_api import ADMIN, JWT_SECRET, SECRET, assert_error, bearer, user_token
-from worker import db
-from worker.batch import run_batch
-from worker.config import Config
-from worker.queue import Queue
-from worker.signing import page_token
+from worker.app.signing import page_token
+from worker.engine import db
+from worker.engine.batch import run_batch
+from worker.engine.config import Config
+from worker.engine.queue import Queue
 from worker.storage import open_storage
 
 ROOT = Path(__file__).resolve().parent.parent

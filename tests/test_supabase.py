@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from tests.pgtools import require_tool, supabase_roles
-from worker import db
-from worker.config import Config
+from worker.engine import db
+from worker.engine.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
 MIGRATIONS = ROOT / "supabase" / "migrations"

@@ -21,8 +21,8 @@ import pytest
 
 from tests.test_concurrency import run_threads
 from tests.test_queue import group_rows, items, recount
-from worker import db, ratelimit
-from worker.queue import ClaimedJob, Queue
+from worker.engine import db, ratelimit
+from worker.engine.queue import ClaimedJob, Queue
 
 pytestmark = pytest.mark.pgmq_versions
 
@@ -124,10 +124,10 @@ def test_claim_job_leaves_a_version_queued_again_while_its_cancelled_run_holds_i
     # Regression: a version re-enqueued while the cancelled run still held its lease got a
     # delayed message but no next_attempt_at, and claim_job ran it beside the cancelled run.
     q = Queue(conn)
-    q.enqueue(items(1), "g")
+    q.enqueue_files(items(1), "g")
     job = q.claim("w1", 1, 60).jobs[0]
     assert q.cancel("g") == 1
-    again = q.enqueue(items(1), "g")
+    again = q.enqueue_files(items(1), "g")
     assert again[0]["job_id"] == job.id and again[0]["status"] == "pending"
     got, why = q.claim_job("w2", job.id, 60)
     assert got is None and why["reason"] in ("busy", "not_waiting")
@@ -158,7 +158,7 @@ def test_an_empty_thumbnail_bucket_does_not_stop_tasks_with_their_own(conn: db.C
     )
     conn.execute("insert into thumbq.tasks (name, bucket) values ('docgen', 'docs')")
     q = Queue(conn)
-    q.enqueue(items(3), "g")
+    q.enqueue_files(items(3), "g")
     q.enqueue_jobs([{"task": "docgen"} for _ in range(2)], "g")
     got = q.claim("w", 10, 60)
     assert sorted(j.task for j in got.jobs) == ["docgen", "docgen"]
@@ -174,7 +174,7 @@ def test_a_claim_waiting_for_a_group_row_does_not_hold_the_bucket(
     # stayed locked while the claim waited for an upload transaction's group row: every
     # take_tokens waited with it (1.54 s).
     q = Queue(conn)
-    q.enqueue(items(2), "g")
+    q.enqueue_files(items(2), "g")
     took: list[float] = []
 
     def hold_group() -> None:
@@ -248,7 +248,7 @@ def test_ageing_counts_only_jobs_that_can_be_claimed(conn: db.Conn) -> None:
     # backoff, put priority 0 ahead of priority 9 for good.
     q = Queue(conn)
     q.enqueue_jobs([{"task": "seg", "ordering_key": "k"} for _ in range(2)], "g")
-    q.enqueue(items(1), "g")
+    q.enqueue_files(items(1), "g")
     first = q.claim("w", 5, 60).jobs
     assert sorted(j.task for j in first) == ["seg", "thumbnail"]
     thumb = next(j for j in first if j.task == "thumbnail")
@@ -265,7 +265,7 @@ def test_service_role_can_use_every_priority_queue(conn: db.Conn) -> None:
         conn.execute("set local role service_role")
         q = Queue(conn)
         q.enqueue_jobs([{"task": "t", "priority": p} for p in range(10)], "g")
-        q.enqueue([{"source_key": "a.png", "etag": "e", "priority": 3}], "g")
+        q.enqueue_files([{"source_key": "a.png", "etag": "e", "priority": 3}], "g")
         assert len(q.claim("w", 20, 60).jobs) == 11
         assert conn.execute("select * from thumbq.work_metrics()").fetchone() is not None
         conn.execute("select * from thumbq.alerts").fetchall()

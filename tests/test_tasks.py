@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 import tests.tasks_fixture  # noqa: F401  (registers the tasks in this process too)
-from worker import db
-from worker.batch import BatchResult, run_batch
-from worker.config import Config
-from worker.queue import Queue
+from worker.engine import db
+from worker.engine.batch import BatchResult, run_batch
+from worker.engine.config import Config
+from worker.engine.queue import Queue
 from worker.storage import open_storage
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -126,9 +126,9 @@ def test_a_job_killed_between_checkpoints_resumes_from_the_last_one(
     )
     script = textwrap.dedent(
         f"""
-        from worker import db
-        from worker.batch import run_batch
-        from worker.config import Config
+        from worker.engine import db
+        from worker.engine.batch import run_batch
+        from worker.engine.config import Config
         from worker.storage import open_storage
         config = Config.from_env({{"DATABASE_URL": {db_url!r}, "THUMBQ_TASKS": {TASKS!r},
                                    "THUMBQ_HOME": {str(tmp_path / "home")!r},
@@ -168,8 +168,8 @@ def test_a_handler_whose_process_was_slow_to_start_still_stops_before_the_kill(
     """The handler's deadline is the invocation's, however long its process took to start (a
     first call starts the zygote and imports the task modules): one that works until
     `remaining_ms()` says stop gets its checkpoint in, rather than being killed."""
-    from worker.render import RenderOptions
-    from worker.render.process import RenderPool
+    from worker.thumbnails.render import RenderOptions
+    from worker.thumbnails.render.process import RenderPool
 
     (tmp_path / "slow_start_tasks.py").write_text(
         textwrap.dedent(
@@ -264,9 +264,9 @@ def test_order_holds_under_four_concurrent_invocations_with_sigkills(
     script = textwrap.dedent(
         f"""
         import time
-        from worker import db
-        from worker.batch import run_batch
-        from worker.config import Config
+        from worker.engine import db
+        from worker.engine.batch import run_batch
+        from worker.engine.config import Config
         from worker.storage import open_storage
         config = Config.from_env({{"DATABASE_URL": {db_url!r}, "THUMBQ_TASKS": {TASKS!r},
                                    "THUMBQ_HOME": {str(tmp_path / "home")!r},
@@ -349,11 +349,11 @@ def test_a_thread_handler_that_ignores_its_deadline_never_runs_twice_at_once(
     """Regression (issue 20, item 2): a thread cannot be killed, and one left behind at the
     deadline lost its job when its lease ended: the next claim ran it a second time alongside.
     Now it keeps its job (the lease renewed) until it ends, and its result is recorded then."""
-    import worker.batch
+    import worker.engine.batch
 
     # Leases end 1 s after a batch's budget (20 s in production), so that batches run past
     # the first lease within the test.
-    monkeypatch.setattr(worker.batch, "VT_MARGIN_S", 1)
+    monkeypatch.setattr(worker.engine.batch, "VT_MARGIN_S", 1)
     log = tmp_path / "overrun.log"
     payload = {"log": str(log), "sleep_s": 6}
     (job,) = Queue(conn).enqueue_jobs([{"task": "overrun_thread", "payload": payload}], "g")

@@ -12,8 +12,8 @@ import pytest
 
 from tests.test_concurrency import run_threads
 from tests.test_queue import group_rows, recount
-from worker import db
-from worker.queue import ClaimedJob, Queue
+from worker.engine import db
+from worker.engine.queue import ClaimedJob, Queue
 
 
 def done(q: Queue, worker: str, jobs: list[ClaimedJob], result: object = None) -> int:
@@ -124,8 +124,8 @@ def test_higher_priorities_go_first_and_waiting_ages_into_priority(conn: db.Conn
 
 def test_thumbnails_take_a_priority_too(conn: db.Conn) -> None:
     q = Queue(conn)
-    q.enqueue([{"source_key": f"bulk/{i}.jpg", "etag": "e"} for i in range(5)], "backfill")
-    q.enqueue([{"source_key": "upload/new.jpg", "etag": "e", "priority": 9}], "uploads")
+    q.enqueue_files([{"source_key": f"bulk/{i}.jpg", "etag": "e"} for i in range(5)], "backfill")
+    q.enqueue_files([{"source_key": "upload/new.jpg", "etag": "e", "priority": 9}], "uploads")
     assert [j.source_key for j in q.claim("w", 1, 60).jobs] == ["upload/new.jpg"]
 
 
@@ -269,7 +269,7 @@ def test_an_item_without_a_sequence_goes_after_the_earlier_items_of_its_call(
 
 def test_released_jobs_give_their_tokens_back_to_their_own_bucket(conn: db.Conn) -> None:
     # Regression: release refunded the thumbnail bucket for every job, whatever its task took.
-    from worker import ratelimit
+    from worker.engine import ratelimit
 
     ratelimit.set_limit(conn, "api_quota", capacity=10, refill_per_second=0)
     conn.execute(

@@ -26,8 +26,8 @@ import psycopg
 import pytest
 
 from tests.test_queue import items
-from worker import db
-from worker.queue import ClaimedJob, Queue
+from worker.engine import db
+from worker.engine.queue import ClaimedJob, Queue
 
 pytestmark = pytest.mark.pgmq_versions
 
@@ -46,7 +46,7 @@ class Scene:
 
 
 def _pending(q: Queue) -> tuple[int, ClaimedJob | None]:
-    (row,) = q.enqueue(items(1, prefix="dl"), GROUP)
+    (row,) = q.enqueue_files(items(1, prefix="dl"), GROUP)
     return int(row["job_id"]), None
 
 
@@ -120,7 +120,7 @@ SCENES = {
     # A new version of the file supersedes (cancels) the job of the old one.
     "enqueue_batch": Scene(
         _pending,
-        lambda q, i, j: q.enqueue(items(1, prefix="dl", etag="e2"), GROUP),
+        lambda q, i, j: q.enqueue_files(items(1, prefix="dl", etag="e2"), GROUP),
         _superseded,
     ),
     # A lower sequence enqueued before the head started: the head gives up its message.

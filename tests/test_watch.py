@@ -21,11 +21,11 @@ import pytest
 
 from tests.liveapp import call, live_app, put_samples
 from tests.pgtools import require_module
-from worker import db
 from worker.cli import main as cli_main
-from worker.config import Config
+from worker.engine import db
+from worker.engine.config import Config
+from worker.local.watch import ProgressClient, WatchOptions, follow_realtime, poll
 from worker.storage import open_storage
-from worker.watch import ProgressClient, WatchOptions, follow_realtime, poll
 
 SECRET = "watch-test-secret-0123456789"
 JWT_SECRET = "watch-test-jwt-secret-0123456789abcdef0123"

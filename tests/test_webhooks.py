@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 import tests.tasks_fixture  # noqa: F401  (registers the echo tasks in this process too)
-from worker import db, webhooks
-from worker.batch import run_batch
-from worker.config import Config, ConfigError
+from worker.engine import db, webhooks
+from worker.engine.batch import run_batch
+from worker.engine.config import Config, ConfigError
 from worker.storage import open_storage
 
 SECRET = "whsec_" + base64.b64encode(b"a key of thirty-two bytes, fixed").decode()

@@ -1,6 +1,6 @@
 // Decodes a ThumbHash (the base64 string a job's `thumbhash` holds) into a small blurred picture,
 // which the progress page's grid shows while the thumbnail itself loads. The format's published
-// algorithm, the inverse of worker/render/output.py's encoder: a DC colour and a few cosine terms
+// algorithm, the inverse of worker/thumbnails/render/output.py's encoder: a DC colour and a few cosine terms
 // of luminance, two opponent-colour channels and (if any) alpha.
 "use strict";
 

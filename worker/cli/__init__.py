@@ -3,7 +3,7 @@
 Manners (DESIGN.md, "CLI manners"): read-only commands (`status`, `queues`, `watch`) never create
 or change a schema; every error is one line on stderr naming what to do, exit code 1 (2 for a
 usage error), no traceback unless THUMBQ_DEBUG=1; input is checked by the same rules as the HTTP
-API (worker/validation.py); every command of one THUMBQ_HOME shares its database, storage and
+API (worker/app/validation.py); every command of one THUMBQ_HOME shares its database, storage and
 admin secret, and the embedded Postgres stops when the last command using it ends.
 
 One module per group of commands, each declaring its commands beside their handlers
@@ -19,12 +19,12 @@ import os
 import sys
 from collections.abc import Sequence
 
-from worker import stopping
 from worker.cli.errors import describe_error, say
 from worker.cli.parser import build_parser, parse
 from worker.cli.runtime import Runtime
 from worker.cli.up import ensure_cron_secret
-from worker.config import Config, check_task_modules
+from worker.engine import stopping
+from worker.engine.config import Config, check_task_modules
 
 __all__ = ["build_parser", "describe_error", "ensure_cron_secret", "main"]
 

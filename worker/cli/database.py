@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from worker import db
 from worker.cli.errors import CliError
 from worker.cli.runtime import Runtime, connect_error
 from worker.cli.spec import ENV_DATABASE, Arg, Command, Group
-from worker.terminal import print_json
+from worker.engine import db
+from worker.local.terminal import print_json
 
 
 def cmd_db_init(rt: Runtime, args: argparse.Namespace) -> int:
@@ -26,7 +26,7 @@ def cmd_db_init(rt: Runtime, args: argparse.Namespace) -> int:
 
 
 def cmd_db_export_migration(rt: Runtime, args: argparse.Namespace) -> int:
-    from worker.migrations import export
+    from worker.engine.migrations import export
 
     for path in export(Path(args.out)):
         print(path)

@@ -14,8 +14,8 @@ from worker.cli.spec import ENV_BATCH, ENV_DATABASE, ENV_STORAGE, Arg, Command
 
 
 def cmd_demo(rt: Runtime, args: argparse.Namespace) -> int:
-    from worker.samples import demo_files
-    from worker.service import enqueue
+    from worker.local.samples import demo_files
+    from worker.thumbnails.files import enqueue_keys
 
     out = sys.stdout
     storage = storage_of(rt)
@@ -32,7 +32,7 @@ def cmd_demo(rt: Runtime, args: argparse.Namespace) -> int:
         file=out,
         flush=True,
     )
-    enqueue(conn, storage, rt.config, [{"source_key": prefix + n} for n in files], group)
+    enqueue_keys(conn, storage, rt.config, [{"source_key": prefix + n} for n in files], group)
     with conn:
         runs = drain(rt, conn, storage, group, max_seconds=args.max_seconds)
         print_outcome(rt, conn, group, runs, prefix)

@@ -11,11 +11,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from worker import db, stopping
 from worker.cli.errors import say
 from worker.cli.hints import next_batch
 from worker.cli.runtime import Runtime, queue_of
-from worker.terminal import ProgressBar, print_table
+from worker.engine import db, stopping
+from worker.local.terminal import ProgressBar, print_table
 
 if TYPE_CHECKING:
     from worker.storage import Storage
@@ -28,7 +28,7 @@ DEFAULT_DRAIN_S = 300.0
 def quiet_logs_on_a_terminal(rt: Runtime, stream: TextIO) -> Iterator[Path | None]:
     """On a terminal, the batches' JSON log lines go to a file (named in the summary) so that
     they do not cut through the progress bar; elsewhere they stay on stderr."""
-    from worker.log import redirected
+    from worker.engine.log import redirected
 
     if not stream.isatty():
         yield None
@@ -52,8 +52,9 @@ def drain(
     """Run batches here until the group has nothing pending or processing (retries wait out
     their backoff, so the bound is time); a progress bar on stderr meanwhile. The runs'
     answers."""
-    from worker.batch import render_options, run_batch
-    from worker.render.process import RenderPool
+    from worker.engine.batch import run_batch
+    from worker.thumbnails.render.process import RenderPool
+    from worker.thumbnails.task import render_options
 
     config = rt.config
     stream = stream or sys.stderr

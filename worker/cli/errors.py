@@ -7,8 +7,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from worker import db, validation
-from worker.config import ConfigError
+from worker.app import validation
+from worker.engine import db
+from worker.engine.config import ConfigError
 
 
 class CliError(Exception):
@@ -38,8 +39,8 @@ def describe_error(exc: BaseException) -> str:
     """One line that says what went wrong and what to do about it."""
     import psycopg
 
-    from worker.embedded import EmbeddedError, EmbeddedUnavailable
-    from worker.errors import InvalidKey, ThumbqError
+    from worker.engine.errors import InvalidKey, ThumbqError
+    from worker.local.embedded import EmbeddedError, EmbeddedUnavailable
 
     if isinstance(
         exc,

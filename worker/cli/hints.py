@@ -7,14 +7,14 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from worker import db
 from worker.cli.errors import say
 from worker.cli.runtime import Runtime
+from worker.engine import db
 
 
 def local_up(rt: Runtime) -> Any:
     """The registration of a `thumbq up` of this home that serves this database, if any."""
-    from worker import home
+    from worker.local import home
 
     me = home.database_fingerprint(rt.database_url())
     for reg in home.running(rt.config.home):
@@ -29,7 +29,7 @@ def page_link(api_url: str, secret: str, latest: Sequence[dict[str, Any]] = ()) 
     the address bar at once."""
     from urllib.parse import quote
 
-    from worker.signing import page_token
+    from worker.app.signing import page_token
 
     query = f"?group_id={quote(latest[0]['group_id'], safe='')}" if latest else ""
     return f"{api_url}/progress{query}#key={page_token(secret)}"
@@ -46,8 +46,8 @@ def page_note(rt: Runtime, group: str) -> None:
 def next_batch(rt: Runtime, conn: db.Conn) -> str:
     """When the next batch is due for this database, as far as this machine can know: a
     `thumbq up`/`scheduler` of the same home, or pg_cron in the database."""
-    from worker import home
-    from worker.scheduler import cron_trigger
+    from worker.local import home
+    from worker.local.cron import cron_trigger
 
     now = datetime.now(UTC)
     me = home.database_fingerprint(rt.database_url())

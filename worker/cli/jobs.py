@@ -6,12 +6,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from worker import validation
+from worker.app import validation
 from worker.cli import spec
 from worker.cli.errors import CliError, checked, say
 from worker.cli.runtime import Runtime, connect, read_only, storage_of
 from worker.cli.spec import ENV_BATCH, ENV_DATABASE, ENV_STORAGE, Arg, Command, Group
-from worker.terminal import print_json
+from worker.local.terminal import print_json
 
 
 def _option(field: str) -> str:
@@ -22,7 +22,7 @@ def _option(field: str) -> str:
 def cmd_jobs_enqueue(rt: Runtime, args: argparse.Namespace) -> int:
     import json
 
-    from worker.jobs import SequenceConflict, enqueue, view
+    from worker.app.jobs import SequenceConflict, submit, view
 
     item: dict[str, Any] = {"task": args.task, "group_id": args.group}
     if args.payload is not None:
@@ -40,15 +40,15 @@ def cmd_jobs_enqueue(rt: Runtime, args: argparse.Namespace) -> int:
     with connect(rt) as conn:
         storage = storage_of(rt)
         try:
-            [row] = enqueue(conn, storage, rt.config, [clean])
+            [row] = submit(conn, storage, rt.config, [clean])
         except SequenceConflict as exc:
             raise CliError(f"{exc.message}: give a later --sequence, or none") from None
         if wait_ms is None:
             print_json(row)
             return 0
-        from worker.batch import render_options
-        from worker.interactive import run_job
-        from worker.render.process import RenderPool
+        from worker.engine.interactive import run_job
+        from worker.thumbnails.render.process import RenderPool
+        from worker.thumbnails.task import render_options
 
         pool = RenderPool(
             render_options(rt.config), rt.config.concurrency, rt.config.render_memory_mb
@@ -67,9 +67,9 @@ def cmd_jobs_enqueue(rt: Runtime, args: argparse.Namespace) -> int:
 
 
 def cmd_jobs_show(rt: Runtime, args: argparse.Namespace) -> int:
-    from worker.jobs import get
+    from worker.app.jobs import get
+    from worker.app.urls import UrlSigner
     from worker.storage import open_storage
-    from worker.urls import UrlSigner
 
     # With THUMBQ_SIGNED_URL_TTL_S, the same thumbnail URLs as GET /api/jobs/<id>.
     signer = UrlSigner.for_config(rt.config, open_storage(rt.config), rt.config.api_url)
@@ -82,7 +82,7 @@ def cmd_jobs_show(rt: Runtime, args: argparse.Namespace) -> int:
 
 
 def cmd_jobs_cancel(rt: Runtime, args: argparse.Namespace) -> int:
-    from worker.jobs import cancel
+    from worker.app.jobs import cancel
 
     with connect(rt) as conn:
         result = cancel(conn, args.job_id)

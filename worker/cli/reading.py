@@ -7,19 +7,20 @@ import os
 import sys
 from typing import Any
 
-from worker import db, validation
+from worker.app import validation
 from worker.cli import spec
 from worker.cli.errors import CliError, checked, unknown_group
 from worker.cli.runtime import Runtime, connect, queue_of, read_only
 from worker.cli.spec import ENV_DATABASE, Arg, Command
-from worker.config import Config
-from worker.terminal import print_json, print_table
+from worker.engine import db
+from worker.engine.config import Config
+from worker.local.terminal import print_json, print_table
 
 DEFAULT_API_URL = "http://127.0.0.1:8000"
 
 
 def cmd_status(rt: Runtime, args: argparse.Namespace) -> int:
-    from worker.progress import progress_body
+    from worker.engine.progress import progress_body
 
     group = args.group and checked(lambda: validation.group_id(args.group, "--group"))
     with connect(rt, readonly=True) as conn, read_only(conn):
@@ -85,7 +86,7 @@ def cmd_queues(rt: Runtime, args: argparse.Namespace) -> int:
 
 def _local_api_url(config: Config) -> str | None:
     """The API a `thumbq up` of this home serves, when THUMBQ_API_URL is left at its default."""
-    from worker import home
+    from worker.local import home
 
     if config.api_url != DEFAULT_API_URL:
         return None
@@ -94,7 +95,7 @@ def _local_api_url(config: Config) -> str | None:
 
 
 def cmd_watch(rt: Runtime, args: argparse.Namespace) -> int:
-    from worker.watch import WatchOptions, watch
+    from worker.local.watch import WatchOptions, watch
 
     config = rt.config
     group = checked(lambda: validation.group_id(args.group, "GROUP"))

@@ -7,13 +7,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from worker import db
 from worker.cli.errors import CliError, say
-from worker.config import Config
-from worker.queue import Queue
+from worker.engine import db
+from worker.engine.config import Config
+from worker.engine.queue import Queue
 
 if TYPE_CHECKING:
-    from worker.embedded import EmbeddedLease
+    from worker.local.embedded import EmbeddedLease
     from worker.storage import Storage
 
 
@@ -41,7 +41,7 @@ class Runtime:
         when `create` is false)."""
         if self.config.database_url:
             return self.config.database_url
-        from worker.embedded import EmbeddedLease
+        from worker.local.embedded import EmbeddedLease
 
         if self.lease is None:
             self.lease = EmbeddedLease(self.config.home, self.command)
@@ -55,7 +55,7 @@ class Runtime:
 
     def announce(self, **fields: Any) -> None:
         """Tell the home's other commands what this one does (its schedule, its API)."""
-        from worker import home
+        from worker.local import home
 
         if self.lease is not None and self.lease.url is not None:
             self.lease.update(**fields)
@@ -76,7 +76,7 @@ class Runtime:
             lease, self.lease = self.lease, None
             say(lease.release())
         if self.registered:
-            from worker import home
+            from worker.local import home
 
             with home.locked(self.config.home):
                 home.unregister(self.config.home)

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from worker import stopping, validation
+from worker.app import validation
 from worker.cli import spec
 from worker.cli.errors import CliError, checked, say
 from worker.cli.runtime import Runtime
@@ -23,10 +23,11 @@ from worker.cli.spec import (
     Arg,
     Command,
 )
-from worker.config import Config
+from worker.engine import stopping
+from worker.engine.config import Config
 
 if TYPE_CHECKING:
-    from worker.serving import ServerThread
+    from worker.local.server import ServerThread
 
 
 def default_port() -> int:
@@ -44,7 +45,7 @@ def server_threads(config: Config, threads: int) -> int:
 
 def listen(app: Any, host: str, port: int, threads: int) -> ServerThread:
     """The started server, or a one-line error when the address cannot be used."""
-    from worker.serving import ServerThread
+    from worker.local.server import ServerThread
 
     try:
         return ServerThread(app, host, port, threads=threads).start()
@@ -102,7 +103,7 @@ def cmd_serve(rt: Runtime, args: argparse.Namespace) -> int:
         )
         sig = stopping.wait_for(stop)
         print(f"thumbq: {sig}, stopping", file=sys.stderr, flush=True)
-        # A batch in flight sees the same stop and ends within its grace (worker.stopping).
+        # A batch in flight sees the same stop and ends within its grace (worker.engine.stopping).
         server.close(stopping.SERVER_WAIT_S)
         close_app(app)
     print("thumbq: stopped", file=sys.stderr, flush=True)
@@ -189,7 +190,7 @@ def granian_app() -> Any:
 
 
 def cmd_scheduler(rt: Runtime, args: argparse.Namespace) -> int:
-    from worker.scheduler import Scheduler, cron_trigger
+    from worker.local.cron import CronScheduler, cron_trigger
 
     config = rt.config
     checked(lambda: schedule_ok(config.schedule, cron_trigger))
@@ -198,7 +199,7 @@ def cmd_scheduler(rt: Runtime, args: argparse.Namespace) -> int:
             "no admin secret (THUMBQ_CRON_SECRET, or one `thumbq up` keeps in "
             f"{config.home}): the API will refuse the scheduler's calls"
         )
-    sched = Scheduler(config)
+    sched = CronScheduler(config)
     with stopping.on_signals() as stop:
         sched.start(run_now=args.now)
         sig = stopping.wait_for(stop)
@@ -216,8 +217,8 @@ def schedule_ok(schedule: str, cron_trigger: Callable[[str], Any]) -> None:
 
 
 def cmd_down(rt: Runtime, args: argparse.Namespace) -> int:
-    from worker import home
-    from worker.embedded import EmbeddedPostgres
+    from worker.local import home
+    from worker.local.embedded import EmbeddedPostgres
 
     server = EmbeddedPostgres(rt.config.home)
     with home.locked(rt.config.home):

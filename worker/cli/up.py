@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from worker import db, stopping
+from worker.app.signing import PAGE_TOKEN_TTL_S
 from worker.cli.errors import CliError, checked
 from worker.cli.hints import page_link
 from worker.cli.runtime import Runtime, connect_error
@@ -29,8 +29,8 @@ from worker.cli.spec import (
     Arg,
     Command,
 )
-from worker.config import SECRET_FILE, Config, read_secret_file
-from worker.signing import PAGE_TOKEN_TTL_S
+from worker.engine import db, stopping
+from worker.engine.config import SECRET_FILE, Config, read_secret_file
 
 
 def ensure_cron_secret(config: Config) -> tuple[str, Path | None]:
@@ -78,7 +78,7 @@ def _ask_before_writing(conn: db.Conn, rt: Runtime) -> None:
 
 def cmd_up(rt: Runtime, args: argparse.Namespace) -> int:
     from api import create_app
-    from worker.scheduler import Scheduler, cron_trigger
+    from worker.local.cron import CronScheduler, cron_trigger
 
     out = sys.stdout
     config = rt.config
@@ -106,7 +106,7 @@ def cmd_up(rt: Runtime, args: argparse.Namespace) -> int:
         close_app(app)
         raise
     rt.announce(api_url=server.url, schedule=config.schedule)
-    sched = Scheduler(config, api_url=server.url)
+    sched = CronScheduler(config, api_url=server.url)
     print("thumbq up", file=out)
     print(f"  database:      {rt.where}", file=out)
     if schema["applied"]:

@@ -6,21 +6,22 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from worker import db, stopping, validation
+from worker.app import validation
 from worker.cli import spec
 from worker.cli.drain import DEFAULT_DRAIN_S, drain, print_outcome
 from worker.cli.errors import CliError, checked, say, unknown_group
 from worker.cli.hints import next_batch, page_note
 from worker.cli.runtime import Runtime, connect, queue_of, storage_of
 from worker.cli.spec import ENV_BATCH, ENV_DATABASE, ENV_SCHEDULE, ENV_STORAGE, Arg, Command
-from worker.terminal import print_json
+from worker.engine import db, stopping
+from worker.local.terminal import print_json
 
 if TYPE_CHECKING:
     from worker.storage import Storage
 
 
 def cmd_run_batch(rt: Runtime, args: argparse.Namespace) -> int:
-    from worker.batch import run_batch
+    from worker.engine.batch import run_batch
 
     budget_ms, max_items = checked(
         lambda: validation.batch_options(
@@ -38,7 +39,7 @@ def cmd_run_batch(rt: Runtime, args: argparse.Namespace) -> int:
 
 
 def cmd_enqueue(rt: Runtime, args: argparse.Namespace) -> int:
-    from worker.service import enqueue
+    from worker.thumbnails.files import enqueue_keys
 
     group = checked(lambda: validation.group_id(args.group, "--group"))
     etag = args.etag and checked(lambda: validation.etag(args.etag, "--etag"))
@@ -54,14 +55,14 @@ def cmd_enqueue(rt: Runtime, args: argparse.Namespace) -> int:
         items.append({"source_key": key} | ({"etag": etag} if etag else {}))
     with connect(rt) as conn:
         storage = storage_of(rt)
-        result = enqueue(conn, storage, rt.config, items, group)
+        result = enqueue_keys(conn, storage, rt.config, items, group)
         print_json({"group_id": group, **result})
         after_enqueue(rt, args, conn, storage, group, result)
     return 0
 
 
 def cmd_backfill(rt: Runtime, args: argparse.Namespace) -> int:
-    from worker.service import backfill
+    from worker.thumbnails.files import backfill
 
     prefix = checked(lambda: validation.key_prefix(args.prefix, "--prefix"))
     group = checked(lambda: validation.group_id(args.group, "--group"))
@@ -125,7 +126,7 @@ def cmd_cancel(rt: Runtime, args: argparse.Namespace) -> int:
 
 
 def cmd_cleanup_stale(rt: Runtime, args: argparse.Namespace) -> int:
-    from worker.service import cleanup_stale
+    from worker.thumbnails.files import cleanup_stale
 
     with connect(rt) as conn:
         print_json(cleanup_stale(conn, rt.config, storage=storage_of(rt)))

@@ -1,1 +1,1 @@
-"""The task engine: queue, claim, batch, budget, execution, retry, rate limits and progress."""
+"""The engine: queue, claims, invocations, tasks; nothing of thumbnails, the CLI or HTTP."""

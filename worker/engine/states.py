@@ -128,7 +128,7 @@ class ErrorCode(StrEnum):
     TASK_ERROR = "task_error"
     # ctx.checkpoint(state) could not write the state (tasks.CheckpointNotSaved).
     CHECKPOINT_NOT_SAVED = "checkpoint_not_saved"
-    # The built-in `webhook` task (worker.webhooks).
+    # The built-in `webhook` task (worker.engine.webhooks).
     WEBHOOK_NOT_CONFIGURED = "webhook_not_configured"
     WEBHOOK_UNREACHABLE = "webhook_unreachable"
     WEBHOOK_REFUSED = "webhook_refused"

@@ -10,10 +10,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from worker.errors import SOURCE_MISSING, STORAGE_ERROR, STORAGE_TIMEOUT, ThumbqError
+from worker.engine.errors import SOURCE_MISSING, STORAGE_ERROR, STORAGE_TIMEOUT, ThumbqError
 
 if TYPE_CHECKING:
-    from worker.config import Config
+    from worker.engine.config import Config
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from worker.errors import TOO_LARGE, InvalidKey, ThumbqError, validate_key
+from worker.engine.errors import TOO_LARGE, InvalidKey, ThumbqError, validate_key
 from worker.storage import NotFound, ObjectInfo, StorageError
 
 # The longest file name common filesystems (ext4, XFS, APFS, NTFS) accept, in bytes.

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from worker.errors import TOO_LARGE, InvalidKey, ThumbqError, validate_key
+from worker.engine.errors import TOO_LARGE, InvalidKey, ThumbqError, validate_key
 from worker.storage import NotFound, ObjectInfo, StorageError, StorageTimeout, call_deadline
 
 if TYPE_CHECKING:

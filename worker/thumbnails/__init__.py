@@ -1,0 +1,1 @@
+"""The built-in thumbnail task: its renderers (render/) and its operations."""

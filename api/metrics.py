@@ -1,6 +1,6 @@
 """GET /metrics: Prometheus' text format, for an operator's scraper.
 
-Every sample comes from one SQL statement (the `thumbq.metrics` view of sql/012_operations.sql,
+Every sample comes from one SQL statement (the `thumbq.metrics` view of sql/functions/90_views.sql,
 which Supabase users can also read without scraping); this module only names and types them.
 Readable with the admin secret or THUMBQ_METRICS_TOKEN (read-only: it opens nothing else);
 with neither configured the route is closed (503 `not_configured`), as the admin routes are.

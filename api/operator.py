@@ -3,7 +3,7 @@
 The page is static HTML, JS and CSS like the progress page; every read and every action goes
 through the admin secret (`Authorization: Bearer <THUMBQ_CRON_SECRET>`), which the page asks
 for and keeps in the tab's sessionStorage. `GET /api/ops/overview` is one SQL call
-(`thumbq.operator_overview`, sql/013_operator.sql): queues, tasks, throughput per minute,
+(`thumbq.operator_overview`, sql/functions/80_operator.sql): queues, tasks, throughput per minute,
 failures by code with examples, the dead-letter queue, running jobs, recent batch runs.
 `POST /api/ops/dlq/replay` with `{"job_ids": [...]}` or `{"all": true}` queues dead-lettered
 jobs again with fresh attempts and one message each. Cancelling is `POST

@@ -17,7 +17,7 @@
 
 Run: python -m bench.queue_indexes [--items 5000] [--rounds 5] [--only NAME,NAME]
      python -m bench.queue_indexes --plans-only [--apply variant.sql]
-     python -m bench.queue_indexes --compare bench/queue_variants/x.sql,... [--rounds 5]
+     python -m bench.queue_indexes --compare bench/queue_variants/<name>.sql,... [--rounds 5]
 Results: bench/results/queue_indexes.json, queue_plans.json, queue_compare.json.
 """
 

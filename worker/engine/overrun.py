@@ -190,7 +190,7 @@ class Keeper:
                     if k.handler.done.is_set():
                         self._record(queue, k)
                 # A cancelled job's run keeps its lease too while its thread runs: the next
-                # job of its ordering key waits for it (sql/010_concurrency.sql, held_by).
+                # job of its ordering key waits for it (sql/functions/10_helpers.sql, held_by).
                 running = [k for k in kept if not k.handler.done.is_set()]
                 if running and time.monotonic() >= renew_at:
                     self._renew(queue, running)

@@ -160,7 +160,7 @@ class Queue:
     ) -> Claim:
         """Lease up to `qty` jobs, each under its own bucket's rate limit (thumbnails: this
         queue's bucket; tasks: theirs). One statement: the tokens are taken at its end, after
-        every other lock (sql/010_concurrency.sql), so concurrent claims hold a bucket row only
+        every other lock (sql/functions/10_helpers.sql), so concurrent claims hold a bucket row only
         while nothing waits."""
         params = {
             "worker_id": worker_id,

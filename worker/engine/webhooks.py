@@ -1,7 +1,7 @@
 """Webhooks: a signed `group.completed` event, delivered at least once by the engine itself.
 
 When a group's last waiting or running job ends, a trigger on `thumbq.groups` writes an event to
-the outbox `thumbq.events` (sql/012_operations.sql). At each batch's start, when
+the outbox `thumbq.events` (sql/010_engine.sql). At each batch's start, when
 THUMBQ_WEBHOOK_URL is set, `prepare` turns undelivered events into jobs of the built-in
 `webhook` task (`thumbq.enqueue_events`, in a transaction of its own: never from inside the
 trigger, which holds a group row). The task POSTs the event, signed as the Standard Webhooks

@@ -2,7 +2,7 @@
 keys and bodies, constant-time secret checks, JWT forgeries, RLS across every route a user token
 reaches, and decompression/PDF bombs refused before the renderer allocates for them.
 
-What tests/test_api.py already covers (the basic 401s, bad enqueues, bad JWTs on progress, RLS
+What tests/db/test_api.py already covers (the basic 401s, bad enqueues, bad JWTs on progress, RLS
 on progress) is not repeated here; these tests extend it.
 """
 
@@ -175,7 +175,7 @@ def _fuzzer(
     return fuzz
 
 
-# -- 6b. hostile keys, NUL bytes, absurd sizes (beyond tests/test_api.py) -----------------------
+# -- 6b. hostile keys, NUL bytes, absurd sizes (beyond tests/db/test_api.py) -----------------------
 
 
 def _enqueue(**item: Any) -> tuple[str, bytes]:

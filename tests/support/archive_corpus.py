@@ -1,4 +1,4 @@
-"""Files of what a real archive adds (tests/test_formats_archive.py): legacy binary Office in
+"""Files of what a real archive adds (tests/system/test_formats_archive.py): legacy binary Office in
 OLE2 compound files written by hand, RTF, icons and cursors, SVGs with embedded pictures,
 10/12-bit and HDR pictures, password-protected documents, and samples from other projects' test
 corpora (tests/fixtures/formats/README.md). `ARCHIVE_FORMATS` maps a name to how its job must end,
@@ -175,7 +175,7 @@ def svg_with_png_data_uri() -> bytes:
     return svg_embedding(f"data:image/png;base64,{png}")
 
 
-#: What a real archive adds (tests/test_formats_archive.py), in the same form.
+#: What a real archive adds (tests/system/test_formats_archive.py), in the same form.
 ARCHIVE_FORMATS: dict[str, Expect] = {
     "doc": Expect(doc_sample, 0, needs_soffice=True),
     "xls": Expect(xls_sample, 0, needs_soffice=True),

@@ -1,4 +1,4 @@
-"""Helpers for the fault tests (tests/test_faults.py): reading the storage log that
+"""Helpers for the fault tests (tests/system/test_faults.py): reading the storage log that
 `bench.harness.LoggingStorage` writes (render attempts per key and process, overlaps, writes per
 thumbnail) and finding leftover processes. The worker driver, the memory sampler and the hostile
 run are in bench/harness.py (bench/hostile.py uses them too).

@@ -5,7 +5,7 @@ session holds, cost the item (or the claim) they belong to, never the invocation
 still answers 200 by the deadline (budget - buffer) + 300 ms, with counts that match the
 database, and the item completes once the dependency recovers.
 
-S3 is moto's server behind tests/faultproxy.py; the HTTP endpoint is the real app; the locks
+S3 is moto's server behind tests/support/faultproxy.py; the HTTP endpoint is the real app; the locks
 are taken by a second real connection.
 """
 

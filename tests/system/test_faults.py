@@ -55,7 +55,7 @@ from worker.storage.file import TEMP_PREFIX, FileStorage
 BUDGET_MS = 3000
 BUFFER_MS = 1000
 # What an invocation may run past budget - buffer: thread joins, the last flush, finish_run
-# (the same allowance as tests/test_batch.py).
+# (the same allowance as tests/db/test_batch.py).
 MARGIN_MS = 600
 SECRET = "fault-secret"
 

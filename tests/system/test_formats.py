@@ -3,7 +3,7 @@ at every configured size that is not blank (and a video's that is not its black 
 or the right error for a hostile file, quickly and under the render processes' memory limit;
 end to end through a batch.
 
-The corpus is made by the tools that write these formats (tests/formats_corpus.py). Office
+The corpus is made by the tools that write these formats (tests/support/formats_corpus.py). Office
 documents need LibreOffice: without `soffice` those tests skip naming it (in CI they fail:
 CI installs it). One render pool, and so one LibreOffice, serves the whole module.
 """

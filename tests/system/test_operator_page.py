@@ -2,7 +2,7 @@
 chromedriver), against a real database with real batches, and its JSON endpoints behind the
 admin secret.
 
-`THUMBQ_UPDATE_SCREENSHOT=1 python -m pytest tests/test_operator_page.py -n 0 -k browser`
+`THUMBQ_UPDATE_SCREENSHOT=1 python -m pytest tests/system/test_operator_page.py -n 0 -k browser`
 writes docs/operator.png (docs/operations.md shows it).
 """
 

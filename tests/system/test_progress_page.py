@@ -91,8 +91,8 @@ def test_progress_page_follows_batches_to_100_percent_and_lists_failures(
             "THUMBQ_BUDGET_MS": "3000",
             "THUMBQ_BUFFER_MS": "500",
             "THUMBQ_BATCH_SIZE": "3",
-            # Realtime configured, but the key is the admin secret, not a user's token: the
-            # page does not join the group's private topic (tests/test_realtime.py), it polls.
+            # Realtime configured, but the key is the admin secret, not a user's token: the page
+            # does not join the group's private topic (tests/system/test_realtime.py), it polls.
             "SUPABASE_URL": "https://project-ref.supabase.co",
             "SUPABASE_ANON_KEY": "anon-key-for-the-test",
         }

@@ -2,7 +2,7 @@
 `thumbq watch` (the `realtime` package) join the group's private broadcast topic as the user,
 never as anon, and the page keeps polling at the endpoint's pace while Realtime says nothing.
 
-Supabase Realtime itself is stood in by tests/realtime_stub.py, which speaks its websocket
+Supabase Realtime itself is stood in by tests/support/realtime_stub.py, which speaks its websocket
 protocol, refuses a private channel without an accepted token, records each join and delivers
 the broadcasts a test sends. supabase-js comes from npm (tests/js, `npm ci` in .ci/run).
 """

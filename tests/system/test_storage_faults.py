@@ -1,6 +1,6 @@
 """Fault 4, storage failing: batches over S3 through a proxy that breaks ~30% of requests.
 
-boto3 talks to moto's S3 server through `tests/faultproxy.py`, which answers 500/503, holds
+boto3 talks to moto's S3 server through `tests/support/faultproxy.py`, which answers 500/503, holds
 connections past boto3's read timeout, resets connections (before and after the request was
 done), cuts responses and uploads off mid-body. Transient errors are retried by boto3 first and
 by thumbq's own backoff after that (fast-forwarded between runs with `pgmq.set_vt`); every file

@@ -1,4 +1,4 @@
-"""The hostile-run harness: bench/hostile.py and the fault tests (tests/test_faults.py) drive
+"""The hostile-run harness: bench/hostile.py and the fault tests (tests/system/test_faults.py) drive
 worker processes with it.
 
 - `LoggingStorage`: the real file storage, which also appends one line per `get` (when it starts)

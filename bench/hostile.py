@@ -13,7 +13,7 @@ render): two render processes may hold one each at the same time. With the defau
 memory limit they end too_large.
 
 The database server is BENCH_DATABASE_URL, TEST_DATABASE_URL or DATABASE_URL (else embedded).
-tests/test_faults.py runs the same scenario (1 000 files and 4 hogs) at budget 3 s.
+tests/system/test_faults.py runs the same scenario (1 000 files and 4 hogs) at budget 3 s.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ acting, lets the invocations drain every job, and checks:
 
 The database is --database-url, else a scratch database on BENCH_DATABASE_URL,
 TEST_DATABASE_URL or DATABASE_URL (else embedded). Results: bench/results/soak.json (the short
-run of tests/test_soak.py writes elsewhere).
+run of tests/db/test_soak.py writes elsewhere).
 """
 
 from __future__ import annotations

@@ -214,7 +214,7 @@ begin
 end
 $$;
 
--- A run's stop reason is one of worker/engine/states.py's StopReason (tests/test_states.py).
+-- A run's stop reason is one of worker/engine/states.py's StopReason (tests/db/test_states.py).
 -- 001 also allowed 'error', which no version wrote: a run whose claim fails raises and leaves
 -- stopped_reason null. Added not valid, then validated, so the catalogue change is all the
 -- table's exclusive lock covers.

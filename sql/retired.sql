@@ -1,7 +1,7 @@
 -- Retired objects: what an earlier schema file created and no current file defines any more.
 -- Applied (by `thumbq db init` and the generated Supabase migrations) after the versioned files
 -- and before the function files, whenever this file changes, so that a database upgraded from
--- any release holds exactly what a fresh one holds (tests/test_migrations.py compares their
+-- any release holds exactly what a fresh one holds (tests/db/test_migrations.py compares their
 -- pg_dump) and no dead function stays callable. A fresh database runs it too: 002 and 003
 -- still create what is listed here.
 --

@@ -1,40 +1,20 @@
-"""Test fixtures: one Postgres server per session, one database per test.
+"""The suite in three rooms, each with its own fixtures:
 
-The server is the one in TEST_DATABASE_URL, else an embedded pgserver Postgres, so the suite
-passes on a laptop too. The schema is applied once to a template database; each test gets
-`CREATE DATABASE ... TEMPLATE`, which is fast and isolates tests completely.
+- tests/unit: no Postgres and no servers. The database fixtures are not defined there, so a unit
+  test that asks for one errors ("fixture 'db_url' not found") instead of reaching a server.
+- tests/db: SQL and the engine against Postgres (tests/support/postgres.py, one database per test).
+- tests/system: servers, `thumbq` subprocesses, the browser, S3 (moto), pgbouncer, extensions.
 
-Which pgmq a test's database has is chosen, never left to the server: by default the `pgmq`
-package's SQL (the embedded default's path), whether or not the server also offers the pgmq
-extension. A module marked `pytest.mark.pgmq_versions` runs each test that takes a database
-three times: on that SQL install and on the pgmq extension at 1.4.4 and 1.5.1 (Supabase's), one
-template each, made on first use. A test may also take `pgmq_install` to ask for one.
+Helpers the rooms share live in tests/support/.
 """
 
 from __future__ import annotations
 
 import os
-import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
 
-import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
 
-from tests.pgtools import PGMQ_EXTENSION_VERSIONS, PGMQ_SQL, SUPABASE_LIVE_VARS, install_pgmq
-from worker.engine import db
-from worker.engine.config import Config
-
-pytest_plugins = ["tests.s3fixtures"]
-
-
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "pgmq_install" in metafunc.fixturenames and metafunc.definition.get_closest_marker(
-        "pgmq_versions"
-    ):
-        installs = [PGMQ_SQL, *PGMQ_EXTENSION_VERSIONS]
-        metafunc.parametrize("pgmq_install", installs, ids=[f"pgmq-{i}" for i in installs])
+from tests.support.pgtools import SUPABASE_LIVE_VARS
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -50,129 +30,23 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         )
 
 
-def _with_db(url: str, name: str) -> str:
-    return make_conninfo(url, dbname=name)
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """How the two workers share the suite (`-n 2 --dist loadgroup --no-loadscope-reorder`,
+    pyproject.toml). A module is one unit of work, as under `--dist loadfile`, so that its
+    fixtures are made once; but a `pgmq_versions` module is one unit per pgmq install, so that
+    its three runs (minutes together) share both workers. Units holding `slow` tests go first,
+    then the largest: a long unit dealt last would keep one worker busy while the other idles."""
+    groups: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        group = item.nodeid.split("::")[0]
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and "pgmq_install" in callspec.params:
+            group += f"[{callspec.params['pgmq_install']}]"
+        item.add_marker(pytest.mark.xdist_group(group))
+        groups.setdefault(group, []).append(item)
 
+    def weight(unit: list[pytest.Item]) -> tuple[int, int]:
+        return (sum(1 for i in unit if i.get_closest_marker("slow")), len(unit))
 
-@pytest.fixture(scope="session")
-def pg_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A URL of the session's Postgres server (its maintenance database)."""
-    url = os.environ.get("TEST_DATABASE_URL")
-    if url:
-        yield url
-        return
-    import pgserver
-
-    server = pgserver.get_server(tmp_path_factory.mktemp("pg") / "pgdata", cleanup_mode="stop")
-    yield str(server.get_uri())
-    server.cleanup()
-
-
-def _admin(url: str) -> psycopg.Connection[tuple[object, ...]]:
-    return psycopg.connect(_with_db(url, "postgres"), autocommit=True)
-
-
-class Templates:
-    """Template databases with the thumbq schema, one per pgmq install, made on first use."""
-
-    def __init__(self, server_url: str) -> None:
-        self.server_url = server_url
-        self.names: dict[str, str] = {}
-
-    def get(self, pgmq: str) -> str:
-        if pgmq not in self.names:
-            name = f"thumbq_tpl_{uuid.uuid4().hex[:8]}"
-            with _admin(self.server_url) as admin:
-                admin.execute(f'create database "{name}"')
-            try:
-                with db.connect(_with_db(self.server_url, name)) as conn:
-                    install_pgmq(conn, pgmq)
-                    db.init_schema(conn)
-            except BaseException:
-                self._drop(name)
-                raise
-            self.names[pgmq] = name
-        return self.names[pgmq]
-
-    def _drop(self, name: str) -> None:
-        with _admin(self.server_url) as admin:
-            admin.execute(f'drop database if exists "{name}" with (force)')
-
-    def close(self) -> None:
-        for name in self.names.values():
-            self._drop(name)
-
-
-@pytest.fixture(scope="session")
-def templates(pg_server_url: str) -> Iterator[Templates]:
-    """The session's template databases, by pgmq install."""
-    made = Templates(pg_server_url)
-    yield made
-    made.close()
-
-
-@pytest.fixture(scope="session")
-def template_db(templates: Templates) -> str:
-    """The default template: pgmq from the package's SQL and the thumbq schema."""
-    return templates.get(PGMQ_SQL)
-
-
-@pytest.fixture
-def pgmq_install() -> str:
-    """Which pgmq the test's database has (parametrized in `pgmq_versions` modules)."""
-    return PGMQ_SQL
-
-
-@pytest.fixture
-def db_url(pg_server_url: str, templates: Templates, pgmq_install: str) -> Iterator[str]:
-    """A fresh database with pgmq and the schema, dropped after the test."""
-    template = templates.get(pgmq_install)
-    name = f"thumbq_t_{uuid.uuid4().hex[:12]}"
-    with _admin(pg_server_url) as admin:
-        admin.execute(f'create database "{name}" template "{template}"')
-    yield _with_db(pg_server_url, name)
-    with _admin(pg_server_url) as admin:
-        admin.execute(f'drop database if exists "{name}" with (force)')
-
-
-@pytest.fixture
-def new_db(pg_server_url: str) -> Iterator[Callable[[], str]]:
-    """Makes empty databases (as many as the test asks for), dropped after the test."""
-    made: list[str] = []
-
-    def make() -> str:
-        name = f"thumbq_e_{uuid.uuid4().hex[:12]}"
-        with _admin(pg_server_url) as admin:
-            admin.execute(f'create database "{name}"')
-        made.append(name)
-        return _with_db(pg_server_url, name)
-
-    yield make
-    with _admin(pg_server_url) as admin:
-        for name in made:
-            admin.execute(f'drop database if exists "{name}" with (force)')
-
-
-@pytest.fixture
-def empty_db_url(new_db: Callable[[], str]) -> str:
-    """A fresh database with nothing in it."""
-    return new_db()
-
-
-@pytest.fixture
-def conn(db_url: str) -> Iterator[db.Conn]:
-    with db.connect(db_url) as c:
-        yield c
-
-
-@pytest.fixture
-def config(tmp_path: Path, db_url: str) -> Config:
-    """A configuration on the test's database and a local storage folder."""
-    return Config.from_env(
-        {
-            "THUMBQ_HOME": str(tmp_path / "home"),
-            "DATABASE_URL": db_url,
-            "THUMBQ_STORAGE_URL": (tmp_path / "storage").as_uri(),
-            "THUMBQ_CONCURRENCY": "2",
-        }
-    )
+    items[:] = [i for unit in sorted(groups.values(), key=weight, reverse=True) for i in unit]

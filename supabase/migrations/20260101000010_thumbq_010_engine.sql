@@ -224,7 +224,7 @@ begin
 end
 $$;
 
--- A run's stop reason is one of worker/engine/states.py's StopReason (tests/test_states.py).
+-- A run's stop reason is one of worker/engine/states.py's StopReason (tests/db/test_states.py).
 -- 001 also allowed 'error', which no version wrote: a run whose claim fails raises and leaves
 -- stopped_reason null. Added not valid, then validated, so the catalogue change is all the
 -- table's exclusive lock covers.
@@ -235,7 +235,7 @@ alter table thumbq.batch_runs
 alter table thumbq.batch_runs validate constraint batch_runs_stopped_reason_check;
 
 insert into thumbq.schema_migrations (version, checksum)
-values ('010_engine', '919f81a6fbccf461478508e78a1f32c05c730a15bd56aa98c89c52367fbdd14c')
+values ('010_engine', '9ecdc974fd0d908cd99b9d7bf5fc1e7ba2a5ca437e7b79cd046864841744b924')
 on conflict (version) do update set checksum = excluded.checksum, applied_at = clock_timestamp();
 
 -- sql/retired.sql ---------------------------------------------------------------------------------
@@ -243,7 +243,7 @@ on conflict (version) do update set checksum = excluded.checksum, applied_at = c
 -- Retired objects: what an earlier schema file created and no current file defines any more.
 -- Applied (by `thumbq db init` and the generated Supabase migrations) after the versioned files
 -- and before the function files, whenever this file changes, so that a database upgraded from
--- any release holds exactly what a fresh one holds (tests/test_migrations.py compares their
+-- any release holds exactly what a fresh one holds (tests/db/test_migrations.py compares their
 -- pg_dump) and no dead function stays callable. A fresh database runs it too: 002 and 003
 -- still create what is listed here.
 --
@@ -274,7 +274,7 @@ drop function if exists thumbq.lock_source_keys(text[]);
 drop function if exists thumbq.grant_queue(text);
 
 insert into thumbq.schema_migrations (version, checksum)
-values ('retired', '1fa98143161555aba3177c0e9f42480f4f375b331d7be257780940f4b0efe5d9')
+values ('retired', '14b097abebdcfa0def7d9e5a20be388556ea9a96b3cbf7727e090fc814bca5ca')
 on conflict (version) do update set checksum = excluded.checksum, applied_at = clock_timestamp();
 
 -- sql/functions/10_helpers.sql --------------------------------------------------------------------

@@ -256,7 +256,7 @@ SignedUrls = Annotated[dict[str, Any] | None, Meta(description=_URL_FIELDS_DOC["
 class Job(Struct, kw_only=True):
     id: int
     group_id: str
-    source_key: str
+    source_key: Annotated[str | None, Meta(description="null for a job of another task.")]
     source_etag: str
     status: JobStatus
     attempts: int

@@ -687,3 +687,19 @@ def test_progress_carries_the_jobs_own_progress(client: FlaskClient, conn: db.Co
     check_schema(p, "Progress")
     assert p["progress_total"] == 100 and 5 <= p["progress_done"] < 100
     assert json.loads(json.dumps(p))["pending"] == 1
+
+
+def test_a_failed_job_of_another_task_is_listed_among_the_failures_as_described(
+    client: FlaskClient, jconfig: Config, conn: db.Conn
+) -> None:
+    # Regression (issue 21's fuzzing of the generated document): a task's job has no source
+    # key, and the failures page answered null where the description promised a string.
+    answer = post(client, {"task": "refuse", "group_id": "mixed", "payload": {}})
+    assert answer.status_code == 202, answer.get_json()
+    run_batch(jconfig, conn, open_storage(jconfig))
+    reply = client.get("/api/thumbnails/failures?group_id=mixed", headers=ADMIN)
+    status, body = reply.status_code, reply.get_json()
+    assert status == 200, body
+    [failure] = body["failures"]
+    assert (failure["source_key"], failure["error_code"]) == (None, "bad_request")
+    check_schema(failure, "Failure")

@@ -338,7 +338,12 @@ def test_renders_still_running_at_a_stop_are_stopped_and_handed_back_without_an_
             jobs = _jobs(db_url, "slow/")
             return len(jobs) == 2 and all(j["status"] == "processing" for j in jobs)
 
-        wait_until(rendering, 60, 0.05)
+        try:
+            wait_until(rendering, 60, 0.05)
+        except AssertionError as exc:
+            # Say where the run was: which jobs exist in which state, and what it printed.
+            states = [(j["status"], j["attempts"], j["error_code"]) for j in _jobs(db_url, "slow/")]
+            raise AssertionError(f"{exc}: jobs {states}; output: {proc.output}") from None
         time.sleep(1.0)  # both renders are well under way
         tree = proc.tree()
         took, code = proc.stop(signal.SIGINT)

@@ -56,7 +56,9 @@ def test_a_slow_pdf_is_killed_at_its_timeout_and_the_pool_works_again(pool: Rend
         pool.render(corpus.slow_pdf(), "application/pdf", timeout_s=1.5)
     elapsed = time.monotonic() - started
     assert info.value.code == RENDER_TIMEOUT
-    assert 1.5 <= elapsed <= 2.0
+    # Killed at its timeout: 8 ms late when the machine is quiet, 11 ms over 0.5 s once in a
+    # loaded CI run; a render that ran to its end would take minutes.
+    assert 1.5 <= elapsed <= 2.5
     assert len(set(pool.pids()) & before) == 1  # the killed child is gone
 
     thumb = pool.render(corpus.a4_pdf(), "application/pdf", timeout_s=10)

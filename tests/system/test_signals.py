@@ -330,7 +330,10 @@ def test_renders_still_running_at_a_stop_are_stopped_and_handed_back_without_an_
     storage = open_storage(_config(tmp_path, db_url))
     for name in ("a", "b"):
         storage.put(f"slow/{name}.pdf", corpus.slow_pdf(), "application/pdf")
-    env = _env(tmp_path, db_url, THUMBQ_BUDGET_MS="20000", THUMBQ_BUFFER_MS="2000")
+    # The stop must come before the batch's own deadline, or the deadline, not the stop, ends
+    # the renders: a 60 s budget against at most 45 s of waiting for both to run (the stop
+    # kills them at once, so they do not keep the cores for the rest of the budget).
+    env = _env(tmp_path, db_url, THUMBQ_BUDGET_MS="60000", THUMBQ_BUFFER_MS="2000")
     with running(["backfill", "--prefix", "slow/", "--group", "slow", "--now"], env) as proc:
 
         def rendering() -> bool:
@@ -338,10 +341,8 @@ def test_renders_still_running_at_a_stop_are_stopped_and_handed_back_without_an_
             jobs = _jobs(db_url, "slow/")
             return len(jobs) == 2 and all(j["status"] == "processing" for j in jobs)
 
-        # Setup, not the promise under test: on a loaded machine a batch can stall on its
-        # database until its deadline severs it (batch_db_severed) and the next one claims.
         try:
-            wait_until(rendering, 150, 0.05)
+            wait_until(rendering, 45, 0.05)
         except AssertionError as exc:
             # Say where the run was: which jobs exist in which state, and what it printed.
             states = [(j["status"], j["attempts"], j["error_code"]) for j in _jobs(db_url, "slow/")]

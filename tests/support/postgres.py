@@ -76,18 +76,14 @@ class Templates:
                     install_pgmq(conn, pgmq)
                     db.init_schema(conn)
             except BaseException:
-                self._drop(name)
+                drop_database(self.server_url, name)
                 raise
             self.names[pgmq] = name
         return self.names[pgmq]
 
-    def _drop(self, name: str) -> None:
-        with _admin(self.server_url) as admin:
-            admin.execute(f'drop database if exists "{name}" with (force)')
-
     def close(self) -> None:
         for name in self.names.values():
-            self._drop(name)
+            drop_database(self.server_url, name)
 
 
 @pytest.fixture(scope="session")
@@ -110,40 +106,25 @@ def pgmq_install() -> str:
     return PGMQ_SQL
 
 
-class Dropper:
-    """Drops the tests' databases, each at its test's end, before the next test starts: a drop
-    running beside other tests (it forces a checkpoint and ends the database's connections)
-    was seen to stall them on a busy two-core machine."""
-
-    def __init__(self, server_url: str) -> None:
-        self.server_url = server_url
-
-    def drop(self, name: str) -> None:
-        with _admin(self.server_url) as admin:
-            admin.execute(f'drop database if exists "{name}" with (force)')
-
-
-@pytest.fixture(scope="session")
-def dropper(pg_server_url: str) -> Iterator[Dropper]:
-    """Drops the session's test databases, each after its test."""
-    yield Dropper(pg_server_url)
+def drop_database(server_url: str, name: str) -> None:
+    """Drop a test's database at its end, before the next test starts."""
+    with _admin(server_url) as admin:
+        admin.execute(f'drop database if exists "{name}" with (force)')
 
 
 @pytest.fixture
-def db_url(
-    pg_server_url: str, templates: Templates, pgmq_install: str, dropper: Dropper
-) -> Iterator[str]:
+def db_url(pg_server_url: str, templates: Templates, pgmq_install: str) -> Iterator[str]:
     """A fresh database with pgmq and the schema, dropped after the test."""
     template = templates.get(pgmq_install)
     name = f"thumbq_t_{uuid.uuid4().hex[:12]}"
     with _admin(pg_server_url) as admin:
         admin.execute(f'create database "{name}" template "{template}"')
     yield _with_db(pg_server_url, name)
-    dropper.drop(name)
+    drop_database(pg_server_url, name)
 
 
 @pytest.fixture
-def new_db(pg_server_url: str, dropper: Dropper) -> Iterator[Callable[[], str]]:
+def new_db(pg_server_url: str) -> Iterator[Callable[[], str]]:
     """Makes empty databases (as many as the test asks for), dropped after the test."""
     made: list[str] = []
 
@@ -156,7 +137,7 @@ def new_db(pg_server_url: str, dropper: Dropper) -> Iterator[Callable[[], str]]:
 
     yield make
     for name in made:
-        dropper.drop(name)
+        drop_database(pg_server_url, name)
 
 
 @pytest.fixture

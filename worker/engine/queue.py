@@ -12,10 +12,7 @@ from typing import Any
 
 from worker.engine import db
 from worker.engine.retry import BACKOFF_BASE_S, BACKOFF_CAP_S
-from worker.engine.states import FINAL_STATUSES, JobStatus
-
-# The statuses a job ends in: it never runs again.
-TERMINAL = FINAL_STATUSES
+from worker.engine.states import JobStatus
 
 
 def _left(bound: db.Bound | None, started: float) -> db.Bound | None:

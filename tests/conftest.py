@@ -11,9 +11,11 @@ Helpers the rooms share live in tests/support/.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 
+from tests.support import scheduling
 from tests.support.pgtools import SUPABASE_LIVE_VARS
 
 
@@ -28,3 +30,16 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             + ", ".join(SUPABASE_LIVE_VARS)
             + " (THUMBQ_USER_JWT: a signed-in user's access token; SUPABASE_DB_URL: its database)"
         )
+
+
+@pytest.fixture(autouse=True)
+def _ordinary_scheduling() -> Iterator[None]:
+    """A test that leaves its process real-time fails, and the process is put back: everything
+    the xdist worker starts later would inherit the policy and starve the machine's two cores
+    (tests/support/scheduling.py)."""
+    saved = scheduling.policy()
+    yield
+    if scheduling.policy() != saved:
+        left = scheduling.policy()
+        scheduling.restore(saved)
+        pytest.fail(f"the test left its process with scheduling policy {left}, not {saved}")

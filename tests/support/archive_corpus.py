@@ -17,6 +17,7 @@ from pathlib import Path
 from PIL import Image
 
 from bench.corpus import RED
+from tests.support import scheduling
 from tests.support.formats_corpus import ODT, Expect, _zip, quadrant_png
 
 # -- legacy binary office (OLE2 compound files) ----------------------------------------------------
@@ -254,7 +255,8 @@ def grey_avif(
     import av
 
     buf = io.BytesIO()
-    with av.open(buf, "w", format="avif") as container:
+    # The encoder makes its caller real-time when run as root (tests/support/scheduling.py).
+    with scheduling.kept(), av.open(buf, "w", format="avif") as container:
         stream = container.add_stream("libsvtav1", rate=1)
         stream.width, stream.height = size
         stream.pix_fmt = "yuv420p10le"

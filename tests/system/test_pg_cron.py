@@ -255,11 +255,17 @@ def test_pg_cron_fires_pg_net_posts_to_thumbq_serve_and_the_group_completes(
                 "processing": 0,
             }
             waited = time.monotonic() - started
-            run = conn.execute(
-                "select d.status, d.return_message from cron.job_run_details d"
-                " join cron.job j using (jobid) where j.jobname = 'thumbq-batch'"
-                " order by d.runid limit 1"
-            ).fetchone()
+            # pg_cron's worker records the run's end after the run itself, which under load can
+            # come after the batch that pg_net's call started has completed the group.
+            run = wait_until(
+                lambda: conn.execute(
+                    "select d.status, d.return_message from cron.job_run_details d"
+                    " join cron.job j using (jobid) where j.jobname = 'thumbq-batch'"
+                    " and d.status in ('succeeded', 'failed') order by d.runid limit 1"
+                ).fetchone(),
+                30,
+                0.2,
+            )
             # The batch's answer, as pg_net received it (the earlier test's call is there too);
             # pg_net stores it once the whole answer is in, just after the jobs completed.
             response = wait_until(

@@ -655,6 +655,8 @@ def main() -> None:
     result["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     result["quick"] = args.quick
     name = "formats" + ("_quick" if args.quick else "")
+    if only != set(ap.get_default("only").split(",")):
+        name += "_" + "_".join(sorted(only))  # a part of the run never replaces the whole
     if args.format != "webp":
         name += f"_{args.format}"
     write_result(name, result)

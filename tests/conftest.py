@@ -32,6 +32,28 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         )
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """How the workers share the suite (`--dist loadgroup`, pyproject.toml). A module is one unit
+    of work, as under `--dist loadfile`, so that its module fixtures are made once; but a
+    `pgmq_versions` module is one unit per pgmq install, so that its three runs share the
+    workers. Units holding `slow` tests go first, then the largest: a long unit dealt last would
+    keep one worker busy while the others idle."""
+    groups: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        group = item.nodeid.split("::")[0]
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and "pgmq_install" in callspec.params:
+            group += f"[{callspec.params['pgmq_install']}]"
+        item.add_marker(pytest.mark.xdist_group(group))
+        groups.setdefault(group, []).append(item)
+
+    def weight(unit: list[pytest.Item]) -> tuple[int, int]:
+        return (sum(1 for i in unit if i.get_closest_marker("slow")), len(unit))
+
+    items[:] = [i for unit in sorted(groups.values(), key=weight, reverse=True) for i in unit]
+
+
 @pytest.fixture(autouse=True)
 def _ordinary_scheduling() -> Iterator[None]:
     """A test that leaves its process real-time fails, and the process is put back: everything

@@ -6,6 +6,7 @@ from tests.support.postgres import (  # noqa: F401  (fixtures, and the hook of `
     config,
     conn,
     db_url,
+    dropper,
     empty_db_url,
     new_db,
     pg_server_url,

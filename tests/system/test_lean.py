@@ -9,6 +9,7 @@ The missing libraries are real: each test runs the installed `thumbq` in a subpr
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -78,7 +79,7 @@ def test_the_readmes_install_command_brings_what_the_function_leaves_out() -> No
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "pip install '.[local]' && thumbq up" in readme
     local = _closure(_extra({"local"}))
-    assert {"av", "pgserver"} <= local
+    assert {"av", "pgserver", "pyspng"} <= local
     # The tests run on the README's local install, and the `local` set was measured too.
     assert {"av", "pgserver"} <= _closure(_extra({"test"}))
     measured = {_key(d["name"]) for d in BUNDLE["sets"]["local"]["distributions"]}
@@ -160,6 +161,19 @@ def test_a_heic_photo_without_pyav_still_renders_through_libheif(
     heif.parse(photo)  # a shape FFmpeg's path takes when PyAV is there
     jobs = _run(tmp_path, db_url, "av", {"h.heic": photo})
     assert jobs["h.heic"]["status"] == "completed", jobs["h.heic"]
+
+
+def test_a_png_without_libspng_still_renders_through_pillow(tmp_path: Path, db_url: str) -> None:
+    # The function's set has no pyspng (its numpy is 68 MiB): Pillow decodes the PNG.
+    from bench.corpus import photo_image
+
+    screenshot, with_alpha = io.BytesIO(), io.BytesIO()
+    photo_image(1280, 720, seed=7).save(screenshot, "PNG")
+    photo_image(800, 600, seed=8).convert("RGBA").save(with_alpha, "PNG")
+    files = {"s.png": screenshot.getvalue(), "a.png": with_alpha.getvalue()}
+    jobs = _run(tmp_path, db_url, "pyspng,numpy", files)
+    for key in files:
+        assert jobs[key]["status"] == "completed", jobs[key]
 
 
 def test_a_heic_photo_without_any_heic_decoder_is_unsupported_naming_pillow_heif(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import io
 import math
+import os
 import random
 import shutil
 import struct
@@ -458,6 +459,9 @@ def test_one_libreoffice_serves_every_office_document_of_a_pool(pool: RenderPool
 
 
 def soffice_processes() -> set[int]:
+    """LibreOffice processes this test process started: their profile folders are named after
+    the pid that made them (other xdist workers run LibreOffice at the same time)."""
+    ours = f"thumbq-office-{os.getpid()}-".encode()
     pids = set()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -465,7 +469,7 @@ def soffice_processes() -> set[int]:
                 cmdline = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-            if b"soffice" in cmdline and b"thumbq-office-" in cmdline:
+            if b"soffice" in cmdline and ours in cmdline:
                 pids.add(int(entry.name))
     return pids
 
@@ -474,7 +478,8 @@ def soffice_processes() -> set[int]:
 def test_libreoffice_is_killed_at_its_deadline_and_leaves_no_process_or_file() -> None:
     assert SOFFICE is not None
     before = soffice_processes()
-    folders = set(Path(tempfile.gettempdir()).glob("thumbq-office-*"))
+    scratch = f"thumbq-office-{os.getpid()}-*"
+    folders = set(Path(tempfile.gettempdir()).glob(scratch))
     converter = OfficeConverter(SOFFICE)
     try:
         started = time.monotonic()
@@ -494,7 +499,7 @@ def test_libreoffice_is_killed_at_its_deadline_and_leaves_no_process_or_file() -
         converter.close()
     assert soffice_processes() - before == set()
     # Its profile and files are gone with it.
-    assert set(Path(tempfile.gettempdir()).glob("thumbq-office-*")) <= folders
+    assert set(Path(tempfile.gettempdir()).glob(scratch)) <= folders
 
 
 # -- degraded rendering ----------------------------------------------------------------------------

@@ -43,17 +43,11 @@ select thumbq.finish_run(%(run_id)s, %(summary)s::jsonb, %(stats)s::jsonb) as re
 select granted, taken, tokens_left, retry_after_ms
   from thumbq.take_tokens(%(name)s, %(n)s, %(partial)s)
 
--- name: refund_tokens
-select thumbq.refund_tokens(%(name)s, %(n)s)
-
 -- name: get_job
 select * from thumbq.jobs where id = %(job_id)s
 
 -- name: queue_overview
 select * from thumbq.queue_overview
-
--- name: recent_failures
-select * from thumbq.recent_failures
 
 -- name: recent_failures_of_group
 -- Every file of the group that has no thumbnail and a reason: failed, unsupported, missing from
@@ -97,23 +91,11 @@ select group_id, total, pending, processing, completed, failed, unsupported, can
  order by updated_at desc
  limit %(limit)s
 
--- name: recent_runs
-select id, worker_id, started_at, finished_at, claimed, processed, succeeded, failed, retried,
-       skipped, released, remaining, stopped_reason, duration_ms, budget_ms, alerts
-  from thumbq.batch_runs
- order by started_at desc
- limit %(limit)s
-
 -- name: runs_since
 select id, processed, succeeded, failed, remaining, stopped_reason, duration_ms
   from thumbq.batch_runs
  where id >= %(run_id)s and finished_at is not null
  order by id
-
--- name: thumbnail_keys_for
-select source_key, thumbnail_key
-  from thumbq.jobs
- where source_key = any(%(keys)s::text[]) and status = 'completed'
 
 -- name: ping
 select 1 as ok

@@ -214,3 +214,18 @@ def test_no_python_module_is_over_800_lines() -> None:
     assert len(sizes) > 40, sizes
     too_big = {path: lines for path, lines in sizes.items() if lines > MAX_MODULE_LINES}
     assert too_big == {}
+
+
+def test_every_named_query_is_run_by_the_code() -> None:
+    """sql/queries.sql holds the queries the code runs, by name (db.one, db.all, db.queries):
+    a name no module of api/, worker/ or bench/ spells is dead SQL."""
+    from worker.engine.db import parse_queries
+
+    names = set(parse_queries((ROOT / "sql" / "queries.sql").read_text(encoding="utf-8")))
+    spelled: set[str] = set()
+    for folder in ("api", "worker", "bench"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    spelled.add(node.value)
+    assert sorted(names - spelled) == []

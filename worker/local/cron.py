@@ -59,7 +59,6 @@ class HttpResponse:
     body: dict[str, Any] | None
     duration_ms: int
     error: str | None = None
-    retry_after_s: float | None = None
 
 
 HttpCaller = Callable[[str, str | None, float], HttpResponse]
@@ -77,14 +76,12 @@ def post_json(url: str, secret: str | None, timeout_s: float) -> HttpResponse:
     status: int | None = None
     raw = b""
     error: str | None = None
-    retry_after: str | None = None
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 (http(s) URL from config)
             status = resp.status
             raw = resp.read()
     except urllib.error.HTTPError as exc:
         status = exc.code
-        retry_after = exc.headers.get("Retry-After") if exc.headers else None
         raw = exc.read()
     except (urllib.error.URLError, OSError) as exc:
         reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
@@ -100,14 +97,7 @@ def post_json(url: str, secret: str | None, timeout_s: float) -> HttpResponse:
     if status is not None and status >= 400 and error is None:
         err = (body or {}).get("error") or {}
         error = f"{err.get('code', 'http_error')}: {err.get('message', f'HTTP {status}')}"
-    return HttpResponse(status, body, duration_ms, error, _seconds(retry_after))
-
-
-def _seconds(value: str | None) -> float | None:
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
-        return None
+    return HttpResponse(status, body, duration_ms, error)
 
 
 @dataclass(frozen=True)

@@ -180,11 +180,14 @@ as $$
 $$;
 
 -- Send the message of each ordering key's new head, once the jobs in p_ended no longer hold it
--- (completed, cancelled, or their cancelled run stopped). With p_wait_running, a job of p_ended
--- still running (being cancelled) keeps holding its key until its lease ends: the new head's
--- message is hidden until then (a handler stops only at its next check or at its deadline;
--- its report ends the wait sooner, wake_heads). Called with the keys locked, before the
--- caller's status change.
+-- (completed, cancelled, or their cancelled run stopped). The new head is the lowest job that
+-- waits, runs, failed or is unsupported, not in p_ended. A cancelled job whose run may still go
+-- on (its lease kept) holds the key only until that lease ends: the head's message is hidden
+-- until then, so that the key goes on by claims alone even if that run never reports (it was
+-- killed). With p_wait_running, a job of p_ended still running (being cancelled) holds its key
+-- in the same way (a handler stops only at its next check or at its deadline; its report ends
+-- the wait sooner, end_cancelled_runs). Called with the keys locked, before the caller's
+-- status change.
 create or replace function thumbq.release_heads(p_keys text[], p_ended bigint[],
                                                 p_wait_running boolean default false)
 returns void
@@ -197,16 +200,29 @@ begin
   if p_keys is null then
     return;
   end if;
-  select array_agg(h.job_id order by h.job_id),
-         array_agg(coalesce((
-           select greatest(0, ceil(extract(epoch from max(e.lease_expires_at)
-                                                     - clock_timestamp())))::integer
-             from thumbq.jobs e
-            where p_wait_running and e.id = any(p_ended) and e.ordering_key = h.ordering_key
-              and e.status = 'processing' and e.lease_expires_at > clock_timestamp()), 0)
-           order by h.job_id)
+  select array_agg(h.id order by h.id),
+         array_agg(greatest(
+           coalesce((
+             select ceil(extract(epoch from max(e.lease_expires_at) - clock_timestamp()))::integer
+               from thumbq.jobs e
+              where p_wait_running and e.id = any(p_ended) and e.ordering_key = k.key
+                and e.status = 'processing' and e.lease_expires_at > clock_timestamp()), 0),
+           coalesce((
+             select ceil(extract(epoch from max(c.lease_expires_at) - clock_timestamp()))::integer
+               from thumbq.jobs c
+              where c.ordering_key = k.key and c.sequence < h.sequence
+                and c.status = 'cancelled' and c.lease_expires_at > clock_timestamp()
+                and not (c.id = any(coalesce(p_ended, '{}')))), 0)) order by h.id)
     into v_heads, v_delays
-    from thumbq.heads_of(p_keys, p_ended) h
+    from unnest(p_keys) k(key)
+    cross join lateral (
+      select j.id, j.sequence, j.status, j.msg_id
+        from thumbq.jobs j
+       where j.ordering_key = k.key
+         and j.status in ('pending', 'processing', 'failed', 'unsupported')
+         and not (j.id = any(coalesce(p_ended, '{}')))
+       order by j.sequence
+       limit 1) h
    where h.status = 'pending' and h.msg_id is null;
   if v_heads is null then
     return;

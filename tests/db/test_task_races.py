@@ -118,6 +118,34 @@ def test_a_cancelled_head_holds_its_key_until_its_run_reports_or_its_lease_ends(
     assert group_rows(conn) == recount(conn)
 
 
+def test_cancelling_the_next_job_behind_a_cancelled_run_passes_the_key_on_when_the_lease_ends(
+    conn: db.Conn,
+) -> None:
+    # Regression (the soak, in CI): seq 1 was cancelled while it ran and its run was then
+    # killed; seq 2, queued to go at the end of that lease, was cancelled as well. The release
+    # took the cancelled run as the key's head and gave seq 3 no message: it stayed pending for
+    # good once the lease ended, with nothing left to report.
+    q = Queue(conn)
+    q.enqueue_jobs([{"task": "seg", "ordering_key": "k"} for _ in range(4)], "g")
+    head = q.claim("w1", 5, 2).jobs  # a short lease: its run will be killed
+    assert [j.sequence for j in head] == [1]
+    assert q.cancel_jobs([head[0].id]) == 1
+    assert q.cancel_jobs([head[0].id + 1]) == 1  # seq 2, waiting for seq 1's lease
+    assert q.claim("w2", 5, 60).jobs == []  # seq 1's run may still go on
+    time.sleep(2.2)
+    third = q.claim("w2", 5, 60).jobs
+    assert [j.sequence for j in third] == [3]
+    done(q, "w2", third)
+    assert [j.sequence for j in q.claim("w2", 5, 60).jobs] == [4]
+    assert statuses(conn, "k") == [
+        (1, "cancelled"),
+        (2, "cancelled"),
+        (3, "completed"),
+        (4, "processing"),
+    ]
+    assert group_rows(conn) == recount(conn)
+
+
 def test_claim_job_leaves_a_version_queued_again_while_its_cancelled_run_holds_it(
     conn: db.Conn,
 ) -> None:

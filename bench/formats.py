@@ -59,7 +59,8 @@ from worker.engine.batch import run_batch
 from worker.engine.config import Config
 from worker.storage import open_storage
 from worker.thumbnails.files import enqueue_keys
-from worker.thumbnails.render import RenderOptions, png, render, webp
+from worker.thumbnails.render import RenderOptions, render
+from worker.thumbnails.render.image import decode_outside_pillow
 from worker.thumbnails.render.office import find_soffice
 from worker.thumbnails.render.output import encode, fit_inside
 from worker.thumbnails.render.process import RenderPool
@@ -406,13 +407,8 @@ def _raster_floor(data: bytes) -> object:
     img = Image.open(io.BytesIO(data))
     if img.format == "JPEG":
         img.draft("RGB", (512, 512))
-    elif img.format == "WEBP" and not getattr(img, "is_animated", False):
-        box = fit_inside(img.size, 512)
-        scaled = webp.decode_scaled(data, box, alpha=img.mode == "RGBA") if box else None
-        if scaled is not None:
-            return scaled
-    elif img.format == "PNG":
-        decoded = png.decode(data, img)
+    else:
+        decoded = decode_outside_pillow(img, data, fit_inside(img.size, 512))
         if decoded is not None:
             return decoded
     img.load()

@@ -35,7 +35,7 @@ from worker.thumbnails.render import RenderOptions, Thumbnail, png, webp
 from worker.thumbnails.render.output import REDUCING_GAP, encode, finish, fit_inside
 from worker.thumbnails.render.sniff import AVIF, CUR, HEIC, HEIF, IMAGE_FORMATS, sniff
 
-__all__ = ["encode", "fit_inside", "open_image", "render_image"]
+__all__ = ["decode_outside_pillow", "encode", "fit_inside", "open_image", "render_image"]
 
 # Importing the plugins registers them; otherwise the first open or save of a format outside
 # Pillow's five preloaded ones imports all ~40 plugins, about 40 ms in every new process.
@@ -176,17 +176,9 @@ def _open(
         drafted = img.draft("RGB", (1, 1) if opts.degraded else target)
         if drafted is not None and img.size != (width, height):
             draft_box = drafted[1]
-    if img.format == "WEBP" and target is not None and not getattr(img, "is_animated", False):
-        # libwebp shrinks while it converts (render/webp.py): 6 MP to 512 px in about 55 ms of
-        # CPU where a whole decode takes 83 and the resize comes on top.
-        scaled = webp.decode_scaled(data, target, alpha=img.mode == "RGBA")
-        if scaled is not None:
-            scaled.info.update(img.info)  # EXIF orientation, ICC profile
-            return scaled, (width, height), None
-    if img.format == "PNG":
-        decoded = png.decode(data, img)  # libspng, for 8-bit RGB(A) (render/png.py)
-        if decoded is not None:
-            return decoded, (width, height), None
+    decoded = decode_outside_pillow(img, data, target)
+    if decoded is not None:
+        return decoded, (width, height), None
     try:
         img.load()
     except Image.DecompressionBombError as exc:
@@ -200,6 +192,25 @@ def _open(
             raise _damaged(source_type, exc) from None
         return _avif_through_ffmpeg(data, source_type), (width, height), draft_box
     return img, (width, height), draft_box
+
+
+def decode_outside_pillow(
+    header: Image.Image, data: bytes, target: tuple[int, int] | None
+) -> Image.Image | None:
+    """The picture of `data` (opened by Pillow as `header`, not yet loaded) from a faster decoder
+    where one applies, with `header`'s info (EXIF orientation, ICC profile); else None.
+
+    A still WebP comes from libwebp's scaler at `target` (render/webp.py): 6 MP to 512 px in
+    about 55 ms of CPU where a whole decode takes 83 and the resize comes on top. An 8-bit
+    RGB(A) PNG comes whole from libspng (render/png.py)."""
+    if header.format == "WEBP" and target is not None and not getattr(header, "is_animated", False):
+        scaled = webp.decode_scaled(data, target, alpha=header.mode == "RGBA")
+        if scaled is not None:
+            scaled.info.update(header.info)
+        return scaled
+    if header.format == "PNG":
+        return png.decode(data, header)
+    return None
 
 
 # nclx matrix_coefficients FFmpeg's scaler converts from; any other is read as BT.2020's
